@@ -1,0 +1,3 @@
+//! Configuration (being written).
+
+pub mod cli;

@@ -1,0 +1,11 @@
+//! warmpath: a router for LLM inference fleets that serves follow-up turns first, on the engine
+//! that still holds their prefix (KV) cache.
+//!
+//! The crate is laid out along the request path (see `ARCHITECTURE.md`):
+//! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
+//! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
+//! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
+
+pub mod clock;
+pub mod config;
+pub mod scheduler;

@@ -1,0 +1,1 @@
+//! CLOCK session tracker (being written).

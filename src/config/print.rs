@@ -1,0 +1,122 @@
+//! Writes the effective configuration as TOML: every key of every section, in the order of
+//! SPEC 4, and each model's whole effective queue as its `[model.queue]` table, so that the
+//! output loads back to an equal [`Config`] and shows exactly what a process would run with.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use super::duration::format_duration;
+use super::{Config, ModelConfig, QueueConfig, ServerConfig, UpstreamConfig};
+
+/// The whole document.
+pub(crate) fn config(config: &Config) -> String {
+    let mut out = String::with_capacity(4_096);
+    out.push_str("# warmpath effective configuration\n");
+    server(&mut out, &config.server);
+    out.push_str("\n[queue]  # defaults; each model's effective queue is written below it\n");
+    queue(&mut out, &config.queue);
+    upstream(&mut out, &config.upstream);
+    for model_config in &config.models {
+        model(&mut out, model_config);
+    }
+    out
+}
+
+/// A TOML string literal, escaped as TOML requires.
+fn string(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+fn duration(value: Duration) -> String {
+    string(&format_duration(value))
+}
+
+/// Appends `key = value`.
+fn line(out: &mut String, key: &str, value: impl std::fmt::Display) {
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "{key} = {value}");
+}
+
+fn server(out: &mut String, server: &ServerConfig) {
+    out.push_str("[server]\n");
+    line(out, "listen", string(&server.listen.to_string()));
+    line(out, "admin_listen", string(&server.admin_listen.to_string()));
+    line(out, "shards", server.shards);
+    line(out, "pin_cores", server.pin_cores);
+    line(out, "max_connections", server.max_connections);
+    line(out, "max_header_bytes", server.max_header_bytes);
+    line(out, "max_body_bytes", server.max_body_bytes);
+    line(out, "max_buffered_bytes", server.max_buffered_bytes);
+    line(out, "header_timeout", duration(server.header_timeout));
+    line(out, "body_timeout", duration(server.body_timeout));
+    line(out, "idle_timeout", duration(server.idle_timeout));
+    line(out, "drain_timeout", duration(server.drain_timeout));
+    line(out, "access_log", string(&server.access_log.name()));
+    line(out, "debug_headers", server.debug_headers);
+}
+
+fn queue(out: &mut String, queue: &QueueConfig) {
+    line(out, "strategy", string(queue.strategy.name()));
+    line(out, "timeout", duration(queue.timeout));
+    line(out, "max_queued", queue.max_queued);
+    line(out, "inflight_per_backend", queue.inflight_per_backend);
+    line(out, "prefill_tokens_per_backend", queue.prefill_tokens_per_backend);
+    line(out, "session_header", string(&queue.session_header));
+    line(out, "max_sessions", queue.max_sessions);
+    line(out, "max_overtakes", queue.max_overtakes);
+    line(out, "boosted_streak_max", queue.boosted_streak_max);
+    line(out, "grace_period", duration(queue.grace_period));
+    line(out, "prefix_block_bytes", queue.prefix_block_bytes);
+    line(out, "prefix_index_blocks", queue.prefix_index_blocks);
+    line(out, "placement_scan_max", queue.placement_scan_max);
+    line(out, "cost_slack_tokens", queue.cost_slack_tokens);
+    line(out, "affinity_wait_max", duration(queue.affinity_wait_max));
+}
+
+fn upstream(out: &mut String, upstream: &UpstreamConfig) {
+    out.push_str("\n[upstream]\n");
+    line(out, "connect_timeout", duration(upstream.connect_timeout));
+    line(out, "header_timeout", duration(upstream.header_timeout));
+    line(out, "max_retries", upstream.max_retries);
+    line(out, "max_idle_per_backend", upstream.max_idle_per_backend);
+    line(out, "metrics_interval", duration(upstream.metrics_interval));
+    line(out, "metrics_stale_after", duration(upstream.metrics_stale_after));
+    line(out, "health_path", string(&upstream.health_path));
+    line(out, "eject_after_failures", upstream.eject_after_failures);
+}
+
+fn model(out: &mut String, model: &ModelConfig) {
+    out.push_str("\n[[model]]\n");
+    line(out, "name", string(&model.name));
+    if let Some(upstream_model) = &model.upstream_model {
+        line(out, "upstream_model", string(upstream_model));
+    }
+    line(out, "engine", string(model.engine.name()));
+    line(out, "routing", string(model.routing.name()));
+    let backends: Vec<String> = model.backends.iter().map(|backend| string(backend)).collect();
+    line(out, "backends", format_args!("[{}]", backends.join(", ")));
+    out.push_str("\n[model.queue]  # effective\n");
+    queue(out, &model.queue);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{file, AccessLog, Engine, Strategy};
+
+    #[test]
+    fn output_parses_back_to_the_same_config() {
+        let mut config = Config::with_models(vec![
+            ModelConfig::new("a \"quoted\" name", vec!["127.0.0.1:1".to_owned()]),
+            ModelConfig::new("b", vec!["[::1]:2".to_owned(), "h:3".to_owned()]),
+        ]);
+        config.server.access_log = AccessLog::File("/var/log/warm path\\x.jsonl".into());
+        config.models[0].upstream_model = Some("org/Model-8B".to_owned());
+        config.models[1].engine = Engine::Openai;
+        config.models[1].queue.strategy = Strategy::Fifo;
+        config.models[1].queue.grace_period = Duration::from_micros(1_500);
+        config.queue.timeout = Duration::ZERO;
+        let text = config.to_toml();
+        assert_eq!(file::parse(&text), Ok(config), "{text}");
+    }
+}

@@ -1,0 +1,410 @@
+//! Validation of a fully layered configuration: ranges, uniqueness and cross-key rules.
+//! The first broken rule is reported as `<context><key> = <value>: <reason>`, e.g.
+//! `model "llama": queue.inflight_per_backend = 0: must be at least 1`.
+//!
+//! Upper bounds keep every structure the scheduler preallocates from the config (heap, tracker,
+//! index, pools) at a size a machine can hold: "put a limit on everything" (STYLE.md).
+
+use std::fmt::Display;
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use super::duration::format_duration;
+use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig, Routing};
+use super::{ServerConfig, UpstreamConfig};
+
+/// Most backends one model may list (backend indices are 16-bit).
+pub(crate) const BACKENDS_MAX: usize = 65_535;
+/// Most queued requests, and most tracked sessions, per model (24-bit indices).
+pub(crate) const QUEUED_MAX: u32 = 16_777_216;
+/// Most event-loop shards.
+pub(crate) const SHARDS_MAX: u32 = 1_024;
+
+type Check = Result<(), ConfigError>;
+
+/// Checks the whole configuration.
+pub(crate) fn config(config: &Config) -> Check {
+    if config.models.is_empty() {
+        return Err(ConfigError::new(
+            ConfigErrorKind::MissingKey,
+            "no models configured: add a [[model]] table with a name and backends",
+        ));
+    }
+    server(&config.server)?;
+    upstream(&config.upstream)?;
+    queue("", &config.queue)?;
+    for (index, model) in config.models.iter().enumerate() {
+        let context = format!("model {:?}: ", model.name);
+        let duplicate = config.models[..index].iter().position(|m| m.name == model.name);
+        if let Some(first) = duplicate {
+            let reason = format!("the same name as model #{}", first + 1);
+            return Err(invalid(
+                &format!("model #{}: ", index + 1),
+                "name",
+                quoted(&model.name),
+                &reason,
+            ));
+        }
+        self::model(&context, model)?;
+        queue(&context, &model.queue)?;
+    }
+    Ok(())
+}
+
+/// `<context><key> = <shown>: <reason>`.
+fn invalid(context: &str, key: &str, shown: impl Display, reason: &str) -> ConfigError {
+    ConfigError::new(ConfigErrorKind::Invalid, format!("{context}{key} = {shown}: {reason}"))
+}
+
+fn quoted(text: &str) -> String {
+    format!("{text:?}")
+}
+
+fn shown_duration(duration: Duration) -> String {
+    format!("\"{}\"", format_duration(duration))
+}
+
+/// `min <= value <= max`.
+fn range<T: PartialOrd + Display + Copy>(
+    context: &str,
+    key: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Check {
+    if value < min {
+        return Err(invalid(context, key, value, &format!("must be at least {min}")));
+    }
+    if value > max {
+        return Err(invalid(context, key, value, &format!("must be at most {max}")));
+    }
+    Ok(())
+}
+
+fn nonzero(context: &str, key: &str, value: Duration) -> Check {
+    if value.is_zero() {
+        return Err(invalid(context, key, shown_duration(value), "must be greater than zero"));
+    }
+    Ok(())
+}
+
+fn server(server: &ServerConfig) -> Check {
+    let s = "server.";
+    if server.admin_listen == server.listen && server.listen.port() != 0 {
+        let shown = quoted(&server.admin_listen.to_string());
+        return Err(invalid(s, "admin_listen", shown, "must differ from server.listen"));
+    }
+    range(s, "shards", server.shards, 0, SHARDS_MAX)?;
+    range(s, "max_connections", server.max_connections, 1, QUEUED_MAX)?;
+    range(s, "max_header_bytes", server.max_header_bytes, 1_024, 1_048_576)?;
+    range(s, "max_body_bytes", server.max_body_bytes, 1, u64::MAX)?;
+    if server.max_buffered_bytes < server.max_body_bytes {
+        let reason = format!(
+            "must be at least server.max_body_bytes ({}), or no largest body could queue",
+            server.max_body_bytes
+        );
+        return Err(invalid(s, "max_buffered_bytes", server.max_buffered_bytes, &reason));
+    }
+    nonzero(s, "header_timeout", server.header_timeout)?;
+    nonzero(s, "body_timeout", server.body_timeout)?;
+    nonzero(s, "idle_timeout", server.idle_timeout)
+}
+
+fn upstream(upstream: &UpstreamConfig) -> Check {
+    let s = "upstream.";
+    nonzero(s, "connect_timeout", upstream.connect_timeout)?;
+    nonzero(s, "header_timeout", upstream.header_timeout)?;
+    range(s, "max_retries", upstream.max_retries, 0, 64)?;
+    range(s, "max_idle_per_backend", upstream.max_idle_per_backend, 0, 65_536)?;
+    nonzero(s, "metrics_interval", upstream.metrics_interval)?;
+    if upstream.metrics_stale_after < upstream.metrics_interval {
+        let reason = format!(
+            "must be at least upstream.metrics_interval ({})",
+            format_duration(upstream.metrics_interval)
+        );
+        let shown = shown_duration(upstream.metrics_stale_after);
+        return Err(invalid(s, "metrics_stale_after", shown, &reason));
+    }
+    let path = &upstream.health_path;
+    if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        let reason = "must be an absolute path starting with \"/\", without spaces";
+        return Err(invalid(s, "health_path", quoted(path), reason));
+    }
+    Ok(())
+}
+
+/// A queue table; `context` is empty for `[queue]` and `model "NAME": ` for a model's.
+fn queue(context: &str, queue: &QueueConfig) -> Check {
+    let c = context;
+    range(c, "queue.max_queued", queue.max_queued, 1, QUEUED_MAX)?;
+    range(c, "queue.inflight_per_backend", queue.inflight_per_backend, 1, 1_048_576)?;
+    if !is_header_name(&queue.session_header) {
+        let reason = "not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~)";
+        return Err(invalid(c, "queue.session_header", quoted(&queue.session_header), reason));
+    }
+    range(c, "queue.max_sessions", queue.max_sessions, 1, QUEUED_MAX)?;
+    range(c, "queue.prefix_block_bytes", queue.prefix_block_bytes, 16, 65_536)?;
+    range(c, "queue.prefix_index_blocks", queue.prefix_index_blocks, 1, 67_108_864)?;
+    range(c, "queue.placement_scan_max", queue.placement_scan_max, 1, 65_536)
+}
+
+/// An HTTP field name: one or more `tchar` (RFC 9110, 5.6.2), at most 256 bytes.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A model's own keys (not its queue).
+fn model(context: &str, model: &ModelConfig) -> Check {
+    if model.name.trim().is_empty() {
+        return Err(invalid(context, "name", quoted(&model.name), "must not be empty"));
+    }
+    if let Some(upstream_model) = &model.upstream_model {
+        if upstream_model.trim().is_empty() {
+            let reason = "must not be empty (leave the key out for no rewrite)";
+            return Err(invalid(context, "upstream_model", quoted(upstream_model), reason));
+        }
+    }
+    if model.routing == Routing::PrefixCost {
+        let reason = "prefix-cost placement is not implemented yet (SPEC S16, planned); \
+                      use session-affinity, least-inflight or round-robin";
+        return Err(invalid(context, "routing", quoted(model.routing.name()), reason));
+    }
+    backends(context, &model.backends)
+}
+
+fn backends(context: &str, backends: &[String]) -> Check {
+    if backends.is_empty() {
+        return Err(invalid(context, "backends", "[]", "must list at least one backend"));
+    }
+    if backends.len() > BACKENDS_MAX {
+        let shown = format!("[{} entries]", backends.len());
+        let reason = format!("at most {BACKENDS_MAX} backends per model");
+        return Err(invalid(context, "backends", shown, &reason));
+    }
+    let mut seen = hashbrown::HashMap::with_capacity(backends.len());
+    for (index, backend) in backends.iter().enumerate() {
+        let key = format!("backends[{index}]");
+        if let Err(reason) = check_backend(backend) {
+            return Err(invalid(context, &key, quoted(backend), &reason));
+        }
+        if let Some(first) = seen.insert(backend.to_ascii_lowercase(), index) {
+            let reason = format!("the same backend as backends[{first}]");
+            return Err(invalid(context, &key, quoted(backend), &reason));
+        }
+    }
+    Ok(())
+}
+
+/// `host:port` with a port in 1..=65535; an IPv6 host goes in brackets.
+fn check_backend(backend: &str) -> Result<(), String> {
+    if backend.contains("://") || backend.contains('/') {
+        return Err("expected host:port, without a scheme or path".to_owned());
+    }
+    let (host, port) = match backend.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, port) = bracketed.split_once("]:").ok_or("expected [IPv6]:port")?;
+            host.parse::<Ipv6Addr>().map_err(|_| format!("{host:?} is not an IPv6 address"))?;
+            (host, port)
+        }
+        None => backend.rsplit_once(':').ok_or("expected host:port (the port is missing)")?,
+    };
+    let host_ok = !host.is_empty()
+        && (backend.starts_with('[')
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+    if !host_ok {
+        return Err(format!("{host:?} is not a host name or IP address (IPv6 needs [brackets])"));
+    }
+    match port.parse::<u16>() {
+        Ok(number) if number > 0 && number.to_string() == port => Ok(()),
+        _ => Err(format!("port {port:?} is not a number from 1 to 65535")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    fn valid() -> Config {
+        Config::with_models(vec![ModelConfig::new("llama", vec!["127.0.0.1:8001".to_owned()])])
+    }
+
+    /// The message of validating `valid()` after `edit`.
+    fn refused(edit: impl FnOnce(&mut Config)) -> String {
+        let mut config = valid();
+        edit(&mut config);
+        let error = config.validate().expect_err("should be refused");
+        assert_eq!(error.kind() == ConfigErrorKind::Invalid, !config.models.is_empty());
+        error.to_string()
+    }
+
+    #[test]
+    fn defaults_with_one_model_are_valid() {
+        valid().validate().unwrap();
+    }
+
+    #[test]
+    fn needs_a_model() {
+        assert!(refused(|c| c.models.clear()).starts_with("no models configured"));
+    }
+
+    #[test]
+    fn model_names_are_unique_and_non_empty() {
+        assert_eq!(
+            refused(|c| c.models[0].name.clear()),
+            "model \"\": name = \"\": must not be empty"
+        );
+        let message = refused(|c| c.models.push(c.models[0].clone()));
+        assert_eq!(message, "model #2: name = \"llama\": the same name as model #1");
+    }
+
+    #[test]
+    fn upstream_model_is_not_empty() {
+        let message = refused(|c| c.models[0].upstream_model = Some(String::new()));
+        assert!(message.starts_with("model \"llama\": upstream_model = \"\": must not be empty"));
+    }
+
+    #[test]
+    fn prefix_cost_is_refused_for_now() {
+        let message = refused(|c| c.models[0].routing = Routing::PrefixCost);
+        let expected = "model \"llama\": routing = \"prefix-cost\": \
+                        prefix-cost placement is not implemented yet (SPEC S16, planned)";
+        assert!(message.starts_with(expected), "{message}");
+    }
+
+    #[test]
+    fn backends_are_host_port_unique_and_bounded() {
+        assert_eq!(
+            refused(|c| c.models[0].backends.clear()),
+            "model \"llama\": backends = []: must list at least one backend"
+        );
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:65536",
+            "h:80x",
+            ":80",
+            "::1:80",
+            "[::1:80",
+            "[zz]:80",
+            "http://h:80",
+            "h:+80",
+            "h:080",
+            "a b:80",
+        ] {
+            let message = refused(|c| c.models[0].backends = vec![bad.to_owned()]);
+            assert!(
+                message.starts_with(&format!("model \"llama\": backends[0] = {bad:?}: ")),
+                "{message}"
+            );
+        }
+        for good in ["localhost:1", "[::1]:8000", "engine-0.svc.cluster.local:65535", "10.0.0.1:80"]
+        {
+            assert!(check_backend(good).is_ok(), "{good}");
+        }
+        let message = refused(|c| c.models[0].backends.push("127.0.0.1:8001".to_owned()));
+        assert_eq!(
+            message,
+            "model \"llama\": backends[1] = \"127.0.0.1:8001\": the same backend as backends[0]"
+        );
+        let message = refused(|c| {
+            c.models[0].backends = (0..=BACKENDS_MAX).map(|i| format!("h{i}:80")).collect();
+        });
+        assert!(message.contains("at most 65535 backends"), "{message}");
+    }
+
+    #[test]
+    fn queue_ranges() {
+        let message = refused(|c| c.models[0].queue.inflight_per_backend = 0);
+        assert_eq!(message, "model \"llama\": queue.inflight_per_backend = 0: must be at least 1");
+        assert_eq!(refused(|c| c.queue.max_queued = 0), "queue.max_queued = 0: must be at least 1");
+        assert_eq!(
+            refused(|c| c.queue.max_queued = QUEUED_MAX + 1),
+            "queue.max_queued = 16777217: must be at most 16777216"
+        );
+        assert_eq!(
+            refused(|c| c.queue.max_sessions = 0),
+            "queue.max_sessions = 0: must be at least 1"
+        );
+        assert_eq!(
+            refused(|c| c.queue.max_sessions = QUEUED_MAX + 1),
+            "queue.max_sessions = 16777217: must be at most 16777216"
+        );
+        assert_eq!(
+            refused(|c| c.queue.prefix_block_bytes = 15),
+            "queue.prefix_block_bytes = 15: must be at least 16"
+        );
+        assert!(refused(|c| c.queue.prefix_index_blocks = 0)
+            .starts_with("queue.prefix_index_blocks = 0"));
+        assert!(
+            refused(|c| c.queue.placement_scan_max = 0).starts_with("queue.placement_scan_max = 0")
+        );
+    }
+
+    #[test]
+    fn session_header_is_a_header_name() {
+        for bad in ["", "X Session", "X-Session:", "Sessión"] {
+            let message = refused(|c| c.models[0].queue.session_header = bad.to_owned());
+            assert!(
+                message.starts_with(&format!(
+                    "model \"llama\": queue.session_header = {bad:?}: not a valid HTTP header name"
+                )),
+                "{message}"
+            );
+        }
+        assert!(is_header_name("x-session-id"));
+    }
+
+    #[test]
+    fn server_rules() {
+        assert_eq!(
+            refused(|c| c.server.max_header_bytes = 1023),
+            "server.max_header_bytes = 1023: must be at least 1024"
+        );
+        let message = refused(|c| c.server.max_connections = 0);
+        assert!(message.starts_with("server.max_connections = 0"), "{message}");
+        assert!(refused(|c| c.server.shards = 1025)
+            .starts_with("server.shards = 1025: must be at most 1024"));
+        assert!(refused(|c| c.server.max_body_bytes = 0).starts_with("server.max_body_bytes = 0"));
+        assert!(refused(|c| c.server.max_buffered_bytes = 1)
+            .starts_with("server.max_buffered_bytes = 1: must be at least server.max_body_bytes"));
+        assert_eq!(
+            refused(|c| c.server.header_timeout = Duration::ZERO),
+            "server.header_timeout = \"0s\": must be greater than zero"
+        );
+        assert!(
+            refused(|c| c.server.body_timeout = Duration::ZERO).starts_with("server.body_timeout")
+        );
+        assert!(
+            refused(|c| c.server.idle_timeout = Duration::ZERO).starts_with("server.idle_timeout")
+        );
+        let message = refused(|c| c.server.admin_listen = c.server.listen);
+        assert_eq!(
+            message,
+            "server.admin_listen = \"127.0.0.1:8080\": must differ from server.listen"
+        );
+    }
+
+    #[test]
+    fn upstream_rules() {
+        assert_eq!(
+            refused(|c| c.upstream.connect_timeout = Duration::ZERO),
+            "upstream.connect_timeout = \"0s\": must be greater than zero"
+        );
+        assert!(refused(|c| c.upstream.header_timeout = Duration::ZERO)
+            .starts_with("upstream.header_timeout"));
+        assert!(refused(|c| c.upstream.metrics_interval = Duration::ZERO)
+            .starts_with("upstream.metrics_interval"));
+        let message = refused(|c| c.upstream.metrics_stale_after = Duration::from_millis(500));
+        let expected = "upstream.metrics_stale_after = \"500ms\": \
+                        must be at least upstream.metrics_interval (1s)";
+        assert_eq!(message, expected);
+        assert!(refused(|c| c.upstream.max_retries = 65).starts_with("upstream.max_retries = 65"));
+        assert!(refused(|c| c.upstream.health_path = "health".to_owned())
+            .starts_with("upstream.health_path = \"health\""));
+    }
+}

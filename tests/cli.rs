@@ -1,0 +1,127 @@
+//! Runs the built `warmpath` binary: `--help`, `--version`, and `check-config` on good and bad
+//! files (exit codes, stdout, stderr).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use warmpath::config::{Config, ENV_VARS};
+
+/// Runs the binary with `args` and an environment without any warmpath variable.
+fn warmpath(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
+    command.args(args);
+    for (variable, _) in ENV_VARS {
+        command.env_remove(variable);
+    }
+    command.output().expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn example() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/warmpath.toml").display().to_string()
+}
+
+fn write_temp(name: &str, text: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn help_and_version() {
+    let help = warmpath(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(stdout(&help).contains("check-config"), "{}", stdout(&help));
+    let version = warmpath(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert_eq!(stdout(&version).trim(), format!("warmpath {}", env!("CARGO_PKG_VERSION")));
+    let sub_help = warmpath(&["check-config", "--help"]);
+    assert_eq!(sub_help.status.code(), Some(0));
+    assert!(stdout(&sub_help).contains("--set <KEY=VALUE>"), "{}", stdout(&sub_help));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(warmpath(&[]).status.code(), Some(2));
+    assert_eq!(warmpath(&["serve"]).status.code(), Some(2));
+    assert_eq!(warmpath(&["check-config"]).status.code(), Some(2));
+    let bad_set = warmpath(&["check-config", &example(), "--set", "queue.max_overtakes"]);
+    assert_eq!(bad_set.status.code(), Some(2));
+    assert!(stderr(&bad_set).contains("expected KEY=VALUE"), "{}", stderr(&bad_set));
+}
+
+#[test]
+fn check_config_prints_the_effective_example() {
+    let output = warmpath(&["check-config", &example()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stderr(&output).is_empty());
+    let printed = Config::from_toml_str(&stdout(&output)).unwrap();
+    let text = std::fs::read_to_string(example()).unwrap();
+    assert_eq!(printed, Config::from_toml_str(&text).unwrap());
+}
+
+#[test]
+fn check_config_applies_set_and_environment() {
+    let output = Command::new(env!("CARGO_BIN_EXE_warmpath"))
+        .args(["check-config", &example(), "--set", "server.shards=2"])
+        .args(["--set", "model.qwen-32b.queue.max_overtakes=5"])
+        .env("SESSION_BOOST_MAX_OVERTAKES", "3")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let printed = Config::from_toml_str(&stdout(&output)).unwrap();
+    assert_eq!(printed.server.shards, 2);
+    assert_eq!(printed.queue.max_overtakes, 3);
+    assert_eq!(printed.model("llama-3-8b").unwrap().queue.max_overtakes, 3);
+    assert_eq!(printed.model("qwen-32b").unwrap().queue.max_overtakes, 5);
+}
+
+#[test]
+fn check_config_refuses_a_bad_file_naming_the_key() {
+    let text = "[[model]]\nname = \"llama\"\nbackends = [\"127.0.0.1:8001\"]\n\
+                [model.queue]\ninflight_per_backend = 0\n";
+    let path = write_temp("bad.toml", text);
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stdout(&output).is_empty());
+    assert_eq!(
+        stderr(&output),
+        "error: model \"llama\": queue.inflight_per_backend = 0: must be at least 1\n"
+    );
+    let path = write_temp("unknown.toml", "[server]\nlisen = \"127.0.0.1:1\"\n");
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("unknown key \"server.lisen\""), "{}", stderr(&output));
+}
+
+#[test]
+fn check_config_reports_a_missing_file_with_its_path() {
+    let output = warmpath(&["check-config", "/nonexistent/warmpath.toml"]);
+    assert_eq!(output.status.code(), Some(2));
+    let message = stderr(&output);
+    assert!(message.starts_with("error: /nonexistent/warmpath.toml: "), "{message}");
+}
+
+#[test]
+fn check_config_reports_a_bad_environment_variable() {
+    let output = Command::new(env!("CARGO_BIN_EXE_warmpath"))
+        .args(["check-config", &example()])
+        .env("SESSION_BOOST_TIMEOUT", "forever")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = stderr(&output);
+    assert!(
+        message.starts_with("error: environment variable SESSION_BOOST_TIMEOUT = \"forever\": "),
+        "{message}"
+    );
+}

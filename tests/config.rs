@@ -1,0 +1,452 @@
+//! Integration tests of `warmpath::config`: precedence (default < file < environment <
+//! command line), per-model queue overrides, unknown keys, every environment variable, and
+//! the round trip through the printed effective configuration.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use warmpath::config::{
+    AccessLog, Config, ConfigErrorKind, Engine, Overrides, Routing, Strategy, ENV_VARS,
+};
+
+const MINIMAL: &str = r#"
+[[model]]
+name = "llama"
+backends = ["127.0.0.1:8001"]
+"#;
+
+const TWO_MODELS: &str = r#"
+[queue]
+max_overtakes = 10
+timeout = "20s"
+
+[[model]]
+name = "llama"
+backends = ["127.0.0.1:8001"]
+
+[model.queue]
+max_overtakes = 4
+strategy = "fifo"
+
+[[model]]
+name = "qwen"
+backends = ["127.0.0.1:8002"]
+"#;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+/// An environment holding exactly `vars`.
+fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> =
+        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    move |name| map.get(name).cloned()
+}
+
+fn sets(pairs: &[(&str, &str)]) -> Overrides {
+    let set = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    Overrides { set, ..Overrides::default() }
+}
+
+/// Writes `text` to a fresh file under the target directory and returns its path.
+fn write_temp(name: &str, text: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("config-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn example_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/warmpath.toml")
+}
+
+fn error_of(text: &str) -> String {
+    Config::from_toml_str(text).expect_err("should be refused").to_string()
+}
+
+#[test]
+fn minimal_file_takes_every_default() {
+    let config = Config::from_toml_str(MINIMAL).unwrap();
+    let expected = Config::with_models(vec![warmpath::config::ModelConfig::new(
+        "llama",
+        vec!["127.0.0.1:8001".to_owned()],
+    )]);
+    assert_eq!(config, expected);
+    assert_eq!(config.queue.max_queued, 65_536);
+    assert_eq!(config.queue.inflight_per_backend, 256);
+    assert_eq!(config.queue.grace_period, Duration::ZERO);
+    assert_eq!(config.upstream.header_timeout, Duration::from_secs(600));
+    assert_eq!(config.upstream.eject_after_failures, 3);
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.server.access_log, AccessLog::Off);
+    assert_eq!(config.models[0].routing, Routing::SessionAffinity);
+    assert_eq!(config.models[0].engine, Engine::Vllm);
+}
+
+#[test]
+fn precedence_is_default_file_env_set() {
+    let key = "queue.max_overtakes";
+    let from_default = Config::load(None, &no_env, &sets(&[])).map(|_| ());
+    assert!(from_default.is_err(), "no file means no models");
+
+    let path = write_temp("precedence.toml", &format!("[queue]\nmax_overtakes = 5\n{MINIMAL}"));
+    let file = Config::load(Some(&path), &no_env, &Overrides::default()).unwrap();
+    assert_eq!(file.queue.max_overtakes, 5);
+    assert_eq!(file.models[0].queue.max_overtakes, 5);
+
+    let env = env_of(&[("SESSION_BOOST_MAX_OVERTAKES", "6")]);
+    let with_env = Config::load(Some(&path), &env, &Overrides::default()).unwrap();
+    assert_eq!(with_env.queue.max_overtakes, 6);
+    assert_eq!(with_env.models[0].queue.max_overtakes, 6);
+
+    let with_set = Config::load(Some(&path), &env, &sets(&[(key, "7")])).unwrap();
+    assert_eq!(with_set.queue.max_overtakes, 7);
+    assert_eq!(with_set.models[0].queue.max_overtakes, 7);
+}
+
+#[test]
+fn precedence_for_server_and_upstream_keys() {
+    let text = format!("[server]\ndrain_timeout = \"5s\"\n[upstream]\nmax_retries = 1\n{MINIMAL}");
+    let path = write_temp("precedence-server.toml", &text);
+    let env = env_of(&[("DRAIN_TIMEOUT", "6s"), ("METRICS_SCRAPE_INTERVAL", "2s")]);
+    let config = Config::load(Some(&path), &env, &Overrides::default()).unwrap();
+    assert_eq!(config.server.drain_timeout, Duration::from_secs(6));
+    assert_eq!(config.upstream.metrics_interval, Duration::from_secs(2));
+    assert_eq!(config.upstream.max_retries, 1);
+    let overrides = sets(&[
+        ("server.drain_timeout", "7s"),
+        ("upstream.max_retries", "0"),
+        ("server.shards", "2"),
+    ]);
+    let config = Config::load(Some(&path), &env, &overrides).unwrap();
+    assert_eq!(config.server.drain_timeout, Duration::from_secs(7));
+    assert_eq!(config.upstream.max_retries, 0);
+    assert_eq!(config.server.shards, 2);
+}
+
+#[test]
+fn listen_flags_beat_file_and_set_beats_them() {
+    let text = format!("[server]\nlisten = \"127.0.0.1:1000\"\n{MINIMAL}");
+    let path = write_temp("listen.toml", &text);
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:2000".to_owned()),
+        admin_listen: Some("[::1]:3000".to_owned()),
+        set: Vec::new(),
+    };
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:2000");
+    assert_eq!(config.server.admin_listen.to_string(), "[::1]:3000");
+    let overrides =
+        Overrides { set: vec![("server.listen".into(), "127.0.0.1:4000".into())], ..overrides };
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:4000");
+    let bad = Overrides { listen: Some("nope".to_owned()), ..Overrides::default() };
+    let error = Config::load(Some(&path), &no_env, &bad).unwrap_err();
+    assert!(error.to_string().starts_with("--listen = \"nope\": not a socket address"), "{error}");
+}
+
+#[test]
+fn model_queue_overrides_only_its_model() {
+    let config = Config::from_toml_str(TWO_MODELS).unwrap();
+    assert_eq!(config.queue.max_overtakes, 10);
+    assert_eq!(config.queue.strategy, Strategy::SessionBoost);
+    let llama = config.model("llama").unwrap();
+    assert_eq!(llama.queue.max_overtakes, 4);
+    assert_eq!(llama.queue.strategy, Strategy::Fifo);
+    assert_eq!(llama.queue.timeout, Duration::from_secs(20), "inherits [queue]");
+    let qwen = config.model("qwen").unwrap();
+    assert_eq!(qwen.queue, config.queue);
+}
+
+#[test]
+fn queue_table_may_come_after_the_models_and_inline() {
+    let text = r#"
+[[model]]
+name = "llama"
+backends = ["127.0.0.1:8001"]
+queue = { max_sessions = 9 }
+
+[queue]
+max_sessions = 100
+max_queued = 7
+"#;
+    let config = Config::from_toml_str(text).unwrap();
+    assert_eq!(config.models[0].queue.max_sessions, 9);
+    assert_eq!(config.models[0].queue.max_queued, 7);
+}
+
+#[test]
+fn env_beats_model_queue_overrides_too() {
+    let path = write_temp("env-models.toml", TWO_MODELS);
+    let env = env_of(&[("SESSION_BOOST_MAX_OVERTAKES", "3"), ("ENABLE_SESSION_BOOST", "true")]);
+    let config = Config::load(Some(&path), &env, &Overrides::default()).unwrap();
+    for model in &config.models {
+        assert_eq!(model.queue.max_overtakes, 3, "{}", model.name);
+        assert_eq!(model.queue.strategy, Strategy::SessionBoost, "{}", model.name);
+        assert_eq!(model.queue.timeout, Duration::from_secs(20), "{}", model.name);
+    }
+}
+
+#[test]
+fn set_reaches_models_and_per_model_set_wins() {
+    let path = write_temp("set-models.toml", TWO_MODELS);
+    let overrides = sets(&[
+        ("model.llama.queue.max_overtakes", "1"),
+        ("queue.max_overtakes", "2"),
+        ("model.qwen.routing", "round-robin"),
+        ("model.qwen.backends", "127.0.0.1:9001, 127.0.0.1:9002"),
+        ("model.qwen.upstream_model", "Qwen/Qwen2-32B"),
+    ]);
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    assert_eq!(config.queue.max_overtakes, 2);
+    assert_eq!(config.model("llama").unwrap().queue.max_overtakes, 1);
+    let qwen = config.model("qwen").unwrap();
+    assert_eq!(qwen.queue.max_overtakes, 2);
+    assert_eq!(qwen.routing, Routing::RoundRobin);
+    assert_eq!(qwen.backends, ["127.0.0.1:9001", "127.0.0.1:9002"]);
+    assert_eq!(qwen.upstream_model.as_deref(), Some("Qwen/Qwen2-32B"));
+}
+
+#[test]
+fn set_finds_model_names_with_dots() {
+    let text = r#"
+[[model]]
+name = "llama-3.1"
+backends = ["127.0.0.1:8001"]
+
+[[model]]
+name = "llama-3.1.queue"
+backends = ["127.0.0.1:8002"]
+"#;
+    let path = write_temp("dots.toml", text);
+    let overrides = sets(&[("model.llama-3.1.queue.max_queued", "5")]);
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    assert_eq!(config.models[0].queue.max_queued, 5);
+    assert_eq!(config.models[1].queue.max_queued, 65_536);
+    let overrides = sets(&[("model.llama-3.1.queue.routing", "least-inflight")]);
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    assert_eq!(config.models[1].routing, Routing::LeastInflight);
+}
+
+#[test]
+fn bad_set_keys_and_values_are_named() {
+    let path = write_temp("bad-set.toml", MINIMAL);
+    let cases = [
+        (
+            ("queue.max_overtakes", "many"),
+            "--set queue.max_overtakes = \"many\": not an unsigned integer",
+        ),
+        (
+            ("queue.max_overtake", "4"),
+            "--set unknown key \"queue.max_overtake\" (did you mean \"queue.max_overtakes\"?)",
+        ),
+        (("servr.shards", "4"), "--set unknown key \"servr.shards\""),
+        (
+            ("model.nope.routing", "fifo"),
+            "--set model.nope.routing = \"fifo\": no configured model matches",
+        ),
+        (("model.llama.queue", "x"), "--set unknown key \"model.llama.queue\""),
+        (("server.pin_cores", "maybe"), "--set server.pin_cores = \"maybe\": not a boolean"),
+        (("upstream.connect_timeout", "3"), "--set upstream.connect_timeout = \"3\": missing unit"),
+    ];
+    for ((key, value), expected) in cases {
+        let error = Config::load(Some(&path), &no_env, &sets(&[(key, value)])).unwrap_err();
+        assert!(error.to_string().starts_with(expected), "{key}={value}: {error}");
+    }
+    let error = Overrides::parse_set("queue.max_overtakes").unwrap_err();
+    assert!(error.to_string().contains("expected KEY=VALUE"), "{error}");
+    assert_eq!(Overrides::parse_set(" a.b =c=d").unwrap(), ("a.b".to_owned(), "c=d".to_owned()));
+}
+
+#[test]
+fn every_env_var_is_applied() {
+    let path = write_temp("env-all.toml", TWO_MODELS);
+    let vars = [
+        ("ENABLE_SESSION_BOOST", "false"),
+        ("SESSION_BOOST_HEADER", "X-Conversation"),
+        ("SESSION_BOOST_MAX_SESSIONS", "1000"),
+        ("SESSION_BOOST_INFLIGHT_PER_POD", "16"),
+        ("SESSION_BOOST_GRACE_PERIOD", "150ms"),
+        ("SESSION_BOOST_TIMEOUT", "1m30s"),
+        ("SESSION_BOOST_MAX_OVERTAKES", "0"),
+        ("METRICS_SCRAPE_INTERVAL", "250ms"),
+        ("DRAIN_TIMEOUT", "0"),
+    ];
+    assert_eq!(vars.len(), ENV_VARS.len());
+    let config = Config::load(Some(&path), &env_of(&vars), &Overrides::default()).unwrap();
+    for queue in std::iter::once(&config.queue).chain(config.models.iter().map(|m| &m.queue)) {
+        assert_eq!(queue.strategy, Strategy::Fifo);
+        assert_eq!(queue.session_header, "X-Conversation");
+        assert_eq!(queue.max_sessions, 1000);
+        assert_eq!(queue.inflight_per_backend, 16);
+        assert_eq!(queue.grace_period, Duration::from_millis(150));
+        assert_eq!(queue.timeout, Duration::from_secs(90));
+        assert_eq!(queue.max_overtakes, 0);
+    }
+    assert_eq!(config.upstream.metrics_interval, Duration::from_millis(250));
+    assert_eq!(config.server.drain_timeout, Duration::ZERO);
+}
+
+#[test]
+fn bad_env_values_name_the_variable_and_value() {
+    let path = write_temp("env-bad.toml", MINIMAL);
+    let cases = [
+        ("ENABLE_SESSION_BOOST", "yes"),
+        ("SESSION_BOOST_MAX_SESSIONS", "lots"),
+        ("SESSION_BOOST_INFLIGHT_PER_POD", "-1"),
+        ("SESSION_BOOST_GRACE_PERIOD", "10"),
+        ("SESSION_BOOST_TIMEOUT", "30 seconds"),
+        ("SESSION_BOOST_MAX_OVERTAKES", "1.5"),
+        ("METRICS_SCRAPE_INTERVAL", "1d"),
+        ("DRAIN_TIMEOUT", "-5s"),
+    ];
+    for (variable, value) in cases {
+        let error = Config::load(Some(&path), &env_of(&[(variable, value)]), &Overrides::default())
+            .unwrap_err();
+        let prefix = format!("environment variable {variable} = {value:?}: ");
+        assert!(error.to_string().starts_with(&prefix), "{error}");
+        assert_eq!(error.kind(), ConfigErrorKind::BadValue);
+    }
+    // Parses, but breaks a rule: reported by validation with the key.
+    let env = env_of(&[("SESSION_BOOST_INFLIGHT_PER_POD", "0")]);
+    let error = Config::load(Some(&path), &env, &Overrides::default()).unwrap_err();
+    assert_eq!(error.to_string(), "queue.inflight_per_backend = 0: must be at least 1");
+}
+
+#[test]
+fn unknown_keys_anywhere_are_named() {
+    let cases = [
+        ("servers = 1\n", "unknown key \"servers\" (did you mean \"server\"?)"),
+        ("[server]\nlisten_addr = \"127.0.0.1:1\"\n", "unknown key \"server.listen_addr\""),
+        (
+            "[queue]\nmax_overtake = 1\n",
+            "unknown key \"queue.max_overtake\" (did you mean \"queue.max_overtakes\"?)",
+        ),
+        ("[upstream]\nretries = 1\n", "unknown key \"upstream.retries\""),
+        ("[queue]\nlisten = \"127.0.0.1:1\"\n", "unknown key \"queue.listen\""),
+    ];
+    for (prefix, expected) in cases {
+        let error = Config::from_toml_str(&format!("{prefix}{MINIMAL}")).unwrap_err();
+        assert_eq!(error.kind(), ConfigErrorKind::UnknownKey, "{error}");
+        assert_eq!(error.to_string(), expected);
+    }
+    let in_model = format!("{MINIMAL}backend = [\"127.0.0.1:2\"]\n");
+    assert_eq!(
+        error_of(&in_model),
+        "model \"llama\": unknown key \"backend\" (did you mean \"backends\"?)"
+    );
+    let in_model_queue = format!("{MINIMAL}[model.queue]\nmax_sesions = 3\n");
+    assert_eq!(
+        error_of(&in_model_queue),
+        "model \"llama\": unknown key \"queue.max_sesions\" (did you mean \"queue.max_sessions\"?)"
+    );
+}
+
+#[test]
+fn bad_file_values_name_the_key_and_value() {
+    let cases = [
+        ("[server]\nlisten = \"nope\"\n", "server.listen = \"nope\": not a socket address"),
+        ("[server]\nshards = -1\n", "server.shards = -1: must not be negative"),
+        (
+            "[server]\npin_cores = \"yes\"\n",
+            "server.pin_cores = \"yes\": expected a boolean, found a string",
+        ),
+        (
+            "[queue]\ntimeout = 30\n",
+            "queue.timeout = 30: expected a duration string such as \"30s\"",
+        ),
+        ("[queue]\ntimeout = \"30\"\n", "queue.timeout = \"30\": missing unit"),
+        (
+            "[queue]\nstrategy = \"lifo\"\n",
+            "queue.strategy = \"lifo\": expected one of session-boost, fifo",
+        ),
+        ("[upstream]\nheader_timeout = \"1x\"\n", "upstream.header_timeout = \"1x\": unknown unit"),
+    ];
+    for (prefix, expected) in cases {
+        let message = error_of(&format!("{prefix}{MINIMAL}"));
+        assert!(message.starts_with(expected), "{message}");
+    }
+    let engine = MINIMAL.replace("name = \"llama\"", "name = \"llama\"\nengine = \"tgi\"");
+    assert_eq!(
+        error_of(&engine),
+        "model \"llama\": engine = \"tgi\": expected one of vllm, sglang, openai"
+    );
+}
+
+#[test]
+fn validation_errors_name_the_model_and_key() {
+    let text = format!("{MINIMAL}[model.queue]\ninflight_per_backend = 0\n");
+    assert_eq!(
+        error_of(&text),
+        "model \"llama\": queue.inflight_per_backend = 0: must be at least 1"
+    );
+    let prefix_cost =
+        MINIMAL.replace("name = \"llama\"", "name = \"llama\"\nrouting = \"prefix-cost\"");
+    let message = error_of(&prefix_cost);
+    assert!(message.contains("prefix-cost placement is not implemented yet"), "{message}");
+    let error = Config::from_toml_str(&prefix_cost).unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Invalid);
+}
+
+#[test]
+fn models_need_a_name_and_backends() {
+    assert!(error_of("").starts_with("no models configured"));
+    assert_eq!(
+        error_of("[[model]]\nbackends = [\"127.0.0.1:1\"]\n"),
+        "model #1: missing key \"name\""
+    );
+    assert_eq!(error_of("[[model]]\nname = \"a\"\n"), "model \"a\": missing key \"backends\"");
+    assert_eq!(
+        error_of("[[model]]\nname = \"a\"\nbackends = []\n"),
+        "model \"a\": backends = []: must list at least one backend"
+    );
+    assert!(error_of("[model]\nname = \"a\"\n").contains("write [[model]]"));
+    assert!(error_of("[[model]]\nname = \"a\"\nbackends = \"127.0.0.1:1\"\n")
+        .starts_with("model \"a\": backends = \"127.0.0.1:1\": expected an array of strings"));
+}
+
+#[test]
+fn syntax_and_read_errors() {
+    let error = Config::from_toml_str("[server\n").unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Syntax);
+    assert!(error.to_string().starts_with("invalid TOML"), "{error}");
+    let path = write_temp("syntax.toml", "[queue]\ntimeout = \n");
+    let error = Config::load(Some(&path), &no_env, &Overrides::default()).unwrap_err();
+    assert!(error.to_string().starts_with(&format!("{}: invalid TOML", path.display())), "{error}");
+    let missing = Path::new("/nonexistent/warmpath.toml");
+    let error = Config::load(Some(missing), &no_env, &Overrides::default()).unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Read);
+    assert!(error.to_string().starts_with("/nonexistent/warmpath.toml: "), "{error}");
+}
+
+#[test]
+fn example_file_is_valid() {
+    let config = Config::load(Some(&example_path()), &no_env, &Overrides::default()).unwrap();
+    assert_eq!(config.models.len(), 2);
+    let llama = config.model("llama-3-8b").unwrap();
+    assert_eq!(llama.backends, ["127.0.0.1:8001", "127.0.0.1:8002"]);
+    assert_eq!(llama.queue.max_overtakes, 8);
+    assert_eq!(llama.queue.grace_period, Duration::from_millis(250));
+    let qwen = config.model("qwen-32b").unwrap();
+    assert_eq!(qwen.engine, Engine::Sglang);
+    assert_eq!(qwen.queue, config.queue);
+}
+
+#[test]
+fn printed_config_round_trips() {
+    let env = env_of(&[("SESSION_BOOST_TIMEOUT", "0"), ("DRAIN_TIMEOUT", "1m30s")]);
+    let overrides = sets(&[
+        ("server.access_log", "/tmp/warm path.jsonl"),
+        ("model.qwen-32b.routing", "least-inflight"),
+    ]);
+    let config = Config::load(Some(&example_path()), &env, &overrides).unwrap();
+    let text = config.to_toml();
+    let reloaded = Config::from_toml_str(&text).unwrap();
+    assert_eq!(reloaded, config, "{text}");
+    assert_eq!(reloaded.to_toml(), text);
+    assert_eq!(config.to_string(), text);
+    assert!(text.matches("[model.queue]").count() == 2, "{text}");
+}

@@ -450,3 +450,19 @@ fn printed_config_round_trips() {
     assert_eq!(config.to_string(), text);
     assert!(text.matches("[model.queue]").count() == 2, "{text}");
 }
+
+#[test]
+fn docs_describe_every_key_and_variable() {
+    let docs_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+    let docs = std::fs::read_to_string(docs_path).unwrap();
+    let mut config = Config::from_toml_str(MINIMAL).unwrap();
+    config.models[0].upstream_model = Some("x".to_owned());
+    for line in config.to_toml().lines() {
+        if let Some((key, _)) = line.split_once(" = ") {
+            assert!(docs.contains(&format!("| `{key}` |")), "docs/configuration.md lacks {key}");
+        }
+    }
+    for (variable, target) in ENV_VARS {
+        assert!(docs.contains(&format!("| `{variable}` | `{target}` |")), "{variable}");
+    }
+}

@@ -1,5 +1,5 @@
 //! The TOML file: walks the document's tables and hands each key to its section's setter
-//! ([`super::keys`]). Any key the setters do not know is an error that names it, wherever it
+//! (`keys.rs`). Any key the setters do not know is an error that names it, wherever it
 //! is. The result is not validated yet.
 
 use super::keys::{unknown_key, Raw, SetError};

@@ -3,18 +3,18 @@
 //!
 //! Layers, lowest first (SPEC 4: "command-line flag > environment variable > file > default"):
 //! 1. the defaults of SPEC 4 ([`QueueConfig::default`] and friends);
-//! 2. the TOML file ([`file`]): `[server]`, `[queue]`, `[upstream]`, `[[model]]`; a model's
+//! 2. the TOML file (`file.rs`): `[server]`, `[queue]`, `[upstream]`, `[[model]]`; a model's
 //!    effective queue is the `[queue]` table overridden by its own `[model.queue]` table;
-//! 3. the kthena environment variables ([`env`]), which beat the file for the `[queue]` defaults
-//!    **and** for every model's effective queue, `[model.queue]` overrides included;
-//! 4. the command line ([`overrides`]): `--listen`, `--admin-listen`, then `--set KEY=VALUE`
+//! 3. the kthena environment variables ([`mod@env`]), which beat the file for the `[queue]`
+//!    defaults **and** for every model's effective queue, `[model.queue]` overrides included;
+//! 4. the command line ([`mod@overrides`]): `--listen`, `--admin-listen`, then `--set KEY=VALUE`
 //!    (`--set queue.K` reaches every model like an environment variable does; a
 //!    `--set model.NAME.queue.K` is applied after all others, so it wins for that model).
 //!
-//! The file, the environment and `--set` all go through one table of key setters ([`keys`]),
+//! The file, the environment and `--set` all go through one table of key setters (`keys.rs`),
 //! so a key parses the same way and fails with the same message wherever it comes from.
-//! [`validate`] then checks the cross-key rules and ranges on the result. Every error names
-//! the key and the bad value.
+//! [`Config::validate`] then checks the cross-key rules and ranges on the result. Every error
+//! names the key and the bad value (see `docs/configuration.md` for every key).
 
 pub mod cli;
 pub mod duration;

@@ -6,7 +6,8 @@
 //! `routing`, `backends` as comma-separated text) and `model.NAME.queue.K`. Order: `--listen`,
 //! `--admin-listen`, then every `--set` that is not per model, in command-line order, then the
 //! per-model ones, in command-line order; so a per-model `--set` beats a `queue.K` one. A model
-//! name may contain dots: the longest configured name that fits is taken.
+//! name may contain dots: of the configured names that fit, the longest one followed by a known
+//! key is taken.
 
 use super::keys::{Raw, SetError, MODEL_KEYS, QUEUE_KEYS};
 use super::{Config, ConfigError, ConfigErrorKind};

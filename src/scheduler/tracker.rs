@@ -21,7 +21,7 @@
 //! evicts x.
 //!
 //! Layout, all allocated in [`SessionTracker::with_capacity`] and never grown:
-//! - `slots`: a `Vec` of 24-byte [`Slot`]s (session, completion time, backend).
+//! - `slots`: a `Vec` of 24-byte slots (session, completion time, backend).
 //! - `referenced`: one bit per slot, in `u64` words, so that the hand skips 64 referenced slots
 //!   with one load and clears them with one store.
 //! - `index`: a hashbrown [`HashTable`] of `u32` slot numbers, hashed by the session id stored
@@ -464,7 +464,10 @@ mod tests {
         /// Random completions and lookups against the reference; after every step, every
         /// session of the domain answers the same.
         #[test]
-        fn matches_reference(capacity in 1usize..80, ops in prop::collection::vec(op(120), 1..400)) {
+        fn matches_reference(
+            capacity in 1usize..80,
+            ops in prop::collection::vec(op(120), 1..400),
+        ) {
             let mut real = SessionTracker::with_capacity(capacity);
             let mut model = reference::SessionTracker::with_capacity(capacity);
             for op in ops {
@@ -473,7 +476,9 @@ mod tests {
                         real.complete(session, at, backend);
                         model.complete(session, at, backend);
                     }
-                    Op::Lookup(session) => prop_assert_eq!(real.lookup(session), model.lookup(session)),
+                    Op::Lookup(session) => {
+                        prop_assert_eq!(real.lookup(session), model.lookup(session));
+                    }
                 }
                 real.check_invariants();
                 model.check_invariants();

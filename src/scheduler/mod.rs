@@ -1,4 +1,831 @@
-//! The per-model scheduler: a sans-IO state machine implementing SPEC section 3.
+//! The per-model scheduler: a sans-IO, deterministic state machine implementing SPEC section 3.
+//!
+//! [`Scheduler::handle`] takes one [`Input`] and the current tick and appends what it decided to
+//! a caller-owned `Vec<Output>`: admissions (request, backend) and rejections. It performs no I/O
+//! and never reads the clock, so the same sequence of inputs always produces the same outputs;
+//! tests, the fuzzer and the deterministic simulation drive it on a simulated clock.
+//!
+//! Each call runs three phases: (1) fire the timers due at `now` (queue deadlines S9, grace
+//! windows S8, stale waiting gauges S6); (2) apply the input; (3) admit as many queued requests
+//! as the gates allow (S6), in the order of S3-S5, each bound to a backend by S7.
+//!
+//! Structures, all preallocated from [`Params`] at construction (nothing allocates per request):
+//! - [`queue`]: the request arena, the id index and the lanes (retry, forced, boosted, normal),
+//!   with the boosted lane an intrusive indexed [`heap`];
+//! - [`tracker`]: the CLOCK session tracker of S1/S2;
+//! - [`wheel`]: the hierarchical timer wheel;
+//! - [`policy`]: per-backend state, gates and backend choice.
+//!
+//! Decisions where SPEC is silent (also in ARCHITECTURE.md):
+//! - A retried request (SPEC 2.8) waits in a `retry` lane served before every other lane, keeps
+//!   its arrival time for the queue-wait figure and gets a fresh queue deadline from the retry.
+//! - S5's streak counts non-forced boosted admissions made while a normal request waits; a
+//!   normal admission, or a boosted one with no normal request waiting, resets it. Forced and
+//!   retry admissions neither count nor reset. When the streak reaches the bound the oldest
+//!   normal request goes next, after the retry and forced lanes.
+//! - Forced admissions count as boosted admissions for S4 (a forced request is boosted).
+//! - A grace hit (S8) is admitted into the held slot directly, if that backend is still healthy,
+//!   and counts as a boosted admission. Grace applies only under `session-boost`.
+//! - A backend ejected after `eject_after_failures` consecutive retryable failures returns when
+//!   a snapshot taken after the ejection reports it healthy.
+//! - Events naming a request that is not in the state they need (a completion of an unknown or
+//!   still-queued request, a cancel racing an admission already released) change nothing and are
+//!   counted in [`Stats::stale_events`].
 
+pub mod heap;
+pub mod policy;
+mod queue;
 pub mod tracker;
 pub mod wheel;
+
+#[cfg(any(test, fuzzing))]
+pub mod harness;
+#[cfg(any(test, fuzzing))]
+pub mod reference;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use hashbrown::HashMap;
+
+use crate::clock::{Tick, TickRate};
+use crate::config::{self, ModelConfig, Strategy, UpstreamConfig};
+use policy::{Backend, Gates};
+pub use policy::{Routing, Snapshot};
+use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
+use tracker::SessionTracker;
+use wheel::{TimerKey, TimerWheel};
+
+/// A request's id, unique among the requests a scheduler knows (the shards make them unique).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// The queue lanes, in the order admission serves them (S3, with the retry lane of 2.8 first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    /// Sent back after a retryable upstream failure.
+    Retry = 0,
+    /// Boosted requests promoted by bounded overtaking (S4).
+    Forced = 1,
+    /// Follow-ups of recently completed sessions (S1).
+    Boosted = 2,
+    /// Everything else, FIFO.
+    Normal = 3,
+}
+
+impl Lane {
+    /// Every lane, in serving order.
+    pub const ALL: [Lane; 4] = [Lane::Retry, Lane::Forced, Lane::Boosted, Lane::Normal];
+
+    /// The lane's name in metrics and debug output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lane::Retry => "retry",
+            Lane::Forced => "forced",
+            Lane::Boosted => "boosted",
+            Lane::Normal => "normal",
+        }
+    }
+}
+
+/// Why a request was refused; each maps to one router error status (SPEC section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    /// Waited longer than `queue.timeout` (504).
+    QueueTimeout,
+    /// The queue holds `max_queued` requests (429).
+    QueueFull,
+    /// Shutting down (503).
+    ShuttingDown,
+    /// Retryable upstream failures exhausted `max_retries` (502).
+    RetriesExhausted,
+}
+
+/// A request entering the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    pub id: RequestId,
+    /// Hash of the session header's value; `None` when absent or empty.
+    pub session: Option<u64>,
+    /// Estimated prompt tokens (body bytes / 4) for the prefill backlog (S6.3).
+    pub prompt_tokens: u32,
+    /// Whether the response streams (only streaming requests count in the prefill backlog).
+    pub streaming: bool,
+}
+
+/// One event for the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// A request arrives (S1, S11).
+    Arrive(Arrival),
+    /// The client went away: a queued request leaves the queue, an admitted one its slot (S10).
+    Cancel(RequestId),
+    /// An admitted streaming request received its first response body byte (S6.3).
+    FirstByte(RequestId),
+    /// An admitted request ended; `success` (a fully relayed 2xx) marks its session (S12).
+    Complete { id: RequestId, success: bool },
+    /// An admitted request failed before any response byte, retryably (SPEC 2.8).
+    Retry(RequestId),
+    /// A backend's health and metrics report.
+    Snapshot { backend: u16, snapshot: Snapshot },
+    /// Time passed.
+    Tick,
+    /// Stop admitting; reject everything queued (S13).
+    Shutdown,
+}
+
+/// A decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Send request `id` to `backend`.
+    Admit {
+        id: RequestId,
+        backend: u16,
+        /// The lane it was admitted from (a grace hit is `Boosted`).
+        lane: Lane,
+        /// Ticks between arrival and admission.
+        waited: Tick,
+        /// Whether `backend` was the session's last backend.
+        affinity: bool,
+    },
+    /// Answer request `id` with the error for `reason`.
+    Reject { id: RequestId, reason: RejectReason },
+}
+
+/// A model's scheduling parameters, with durations already in ticks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// `session-boost` (true) or `fifo` (false) (S15).
+    pub boost: bool,
+    pub routing: Routing,
+    /// Number of backends, indexed `0..backends`.
+    pub backends: u16,
+    /// S9; `None` = no deadline.
+    pub queue_timeout: Option<Tick>,
+    pub max_queued: u32,
+    pub inflight_per_backend: u32,
+    /// S6.3; 0 = off.
+    pub prefill_tokens_per_backend: u64,
+    pub max_sessions: u32,
+    /// S4; 0 = unbounded.
+    pub max_overtakes: u32,
+    /// S5; 0 = off.
+    pub boosted_streak_max: u32,
+    /// S8; 0 = off.
+    pub grace_period: Tick,
+    pub max_retries: u32,
+    /// Consecutive retryable failures before passive ejection; 0 = never eject.
+    pub eject_after_failures: u32,
+    pub metrics_stale_after: Tick,
+    /// Timer wheel resolution (rounded up to a power of two).
+    pub timer_resolution: Tick,
+}
+
+impl Params {
+    /// The parameters of `model` (its effective queue) under `upstream`, with durations
+    /// converted at `rate`. The wheel ticks at about a millisecond.
+    ///
+    /// Panics on `routing = "prefix-cost"`, which validation refuses until S16 exists.
+    pub fn for_model(model: &ModelConfig, upstream: &UpstreamConfig, rate: TickRate) -> Params {
+        let queue = &model.queue;
+        let routing = match model.routing {
+            config::Routing::SessionAffinity => Routing::SessionAffinity,
+            config::Routing::LeastInflight => Routing::LeastInflight,
+            config::Routing::RoundRobin => Routing::RoundRobin,
+            config::Routing::PrefixCost => panic!("prefix-cost routing passed validation"),
+        };
+        let backends = u16::try_from(model.backends.len()).expect("validated backend count");
+        Params {
+            boost: queue.strategy == Strategy::SessionBoost,
+            routing,
+            backends,
+            queue_timeout: (!queue.timeout.is_zero()).then(|| rate.ticks(queue.timeout)),
+            max_queued: queue.max_queued,
+            inflight_per_backend: queue.inflight_per_backend,
+            prefill_tokens_per_backend: queue.prefill_tokens_per_backend,
+            max_sessions: queue.max_sessions,
+            max_overtakes: queue.max_overtakes,
+            boosted_streak_max: queue.boosted_streak_max,
+            grace_period: rate.ticks(queue.grace_period),
+            max_retries: upstream.max_retries,
+            eject_after_failures: upstream.eject_after_failures,
+            metrics_stale_after: rate.ticks(upstream.metrics_stale_after),
+            timer_resolution: rate.ticks(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Counters, written only by the scheduler thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Admissions per lane, indexed by `Lane as usize`.
+    pub admitted: [u64; 4],
+    pub forced: u64,
+    pub timeouts: u64,
+    pub cancelled: u64,
+    pub rejected_full: u64,
+    pub rejected_shutdown: u64,
+    pub retries: u64,
+    pub retries_exhausted: u64,
+    pub grace_holds: u64,
+    pub grace_hits: u64,
+    pub affinity_hits: u64,
+    pub ejections: u64,
+    pub stale_events: u64,
+}
+
+/// Timers expected to fall due in one poll; a burst beyond it grows the buffer once.
+const EXPIRED_BATCH: usize = 1024;
+
+/// A timer's purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    /// Queue deadline of an arena entry.
+    Deadline(u32),
+    /// End of the grace hold of a session.
+    GraceEnd(u64),
+    /// A backend's positive waiting gauge goes stale.
+    Stale(u16),
+}
+
+/// A slot held for a session's follow-up (S8).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    backend: u16,
+    timer: TimerKey,
+}
+
+/// The scheduler of one model.
+#[derive(Debug)]
+pub struct Scheduler {
+    params: Params,
+    gates: Gates,
+    queue: Queue,
+    tracker: SessionTracker,
+    wheel: TimerWheel<Timer>,
+    backends: Vec<Backend>,
+    /// Grace holds by session; one per session at most.
+    holds: HashMap<u64, Hold>,
+    holds_max: usize,
+    /// Model-wide admitted requests (S6a).
+    inflight: u32,
+    /// Model-wide held slots.
+    held: u32,
+    /// Healthy, non-ejected backends.
+    usable: u16,
+    next_seq: u64,
+    /// Boosted admissions so far (S4).
+    boosted_admits: u64,
+    /// Non-forced boosted admissions in a row while normal requests wait (S5).
+    streak: u32,
+    cursor: u16,
+    shutting_down: bool,
+    expired: Vec<(Tick, Timer)>,
+    stats: Stats,
+}
+
+impl Scheduler {
+    /// A scheduler with every structure allocated for `params`, starting at `now`.
+    pub fn new(params: Params, now: Tick) -> Scheduler {
+        assert!(params.backends > 0 && params.backends < NO_BACKEND, "backends out of range");
+        assert!(
+            params.inflight_per_backend > 0 && params.max_queued > 0 && params.max_sessions > 0
+        );
+        let slots = u64::from(params.inflight_per_backend) * u64::from(params.backends);
+        let arena = u64::from(params.max_queued) + slots;
+        assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
+        let holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
+        let timers = arena as usize + holds_max + usize::from(params.backends);
+        Scheduler {
+            gates: Gates {
+                inflight_per_backend: params.inflight_per_backend,
+                prefill_tokens_per_backend: params.prefill_tokens_per_backend,
+                stale_after: params.metrics_stale_after,
+            },
+            queue: Queue::with_capacity(arena as u32),
+            tracker: SessionTracker::with_capacity(params.max_sessions as usize),
+            wheel: TimerWheel::new(timers, params.timer_resolution.max(1), now),
+            backends: vec![Backend::NEW; usize::from(params.backends)],
+            holds: HashMap::with_capacity(holds_max),
+            holds_max,
+            inflight: 0,
+            held: 0,
+            usable: params.backends,
+            next_seq: 0,
+            boosted_admits: 0,
+            streak: 0,
+            cursor: 0,
+            shutting_down: false,
+            // Grows (once, then keeps its capacity) only if more timers fall due in one poll.
+            expired: Vec::with_capacity(timers.min(EXPIRED_BATCH)),
+            stats: Stats::default(),
+            params,
+        }
+    }
+
+    /// Applies `input` at `now`, appending decisions to `out`. `now` never decreases.
+    pub fn handle(&mut self, now: Tick, input: Input, out: &mut Vec<Output>) {
+        self.fire_timers(now, out);
+        match input {
+            Input::Arrive(arrival) => self.arrive(now, arrival, out),
+            Input::Cancel(id) => self.cancel(id),
+            Input::FirstByte(id) => self.first_byte(id),
+            Input::Complete { id, success } => self.complete(now, id, success),
+            Input::Retry(id) => self.retry(now, id, out),
+            Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
+            Input::Tick => {}
+            Input::Shutdown => self.shutdown(out),
+        }
+        self.admit_ready(now, out);
+    }
+
+    /// The tick at which the next timer fires, for the thread to sleep until.
+    pub fn next_wakeup(&self) -> Option<Tick> {
+        self.wheel.next_fire()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Queued requests in `lane`.
+    pub fn depth(&self, lane: Lane) -> u32 {
+        self.queue.lane_len(lane)
+    }
+
+    /// Queued requests, all lanes.
+    pub fn queued(&self) -> u32 {
+        self.queue.queued()
+    }
+
+    /// Model-wide admitted requests.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// Admitted requests on `backend`.
+    pub fn backend_inflight(&self, backend: u16) -> u32 {
+        self.backends[usize::from(backend)].inflight
+    }
+
+    /// Prefill backlog of `backend`, in estimated tokens.
+    pub fn backend_prefill_tokens(&self, backend: u16) -> u64 {
+        self.backends[usize::from(backend)].prefill_tokens
+    }
+
+    /// Slots of `backend` held for grace windows.
+    pub fn backend_holds(&self, backend: u16) -> u32 {
+        self.backends[usize::from(backend)].holds
+    }
+
+    /// Whether `backend` is healthy and not ejected.
+    pub fn backend_usable(&self, backend: u16) -> bool {
+        self.backends[usize::from(backend)].usable()
+    }
+
+    /// Sessions in the tracker.
+    pub fn sessions_tracked(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Bytes of every buffer the scheduler preallocated.
+    pub fn heap_bytes(&self) -> usize {
+        self.queue.heap_bytes()
+            + self.tracker.heap_bytes()
+            + self.wheel.heap_bytes()
+            + self.holds.allocation_size()
+            + self.backends.capacity() * std::mem::size_of::<Backend>()
+            + self.expired.capacity() * std::mem::size_of::<(Tick, Timer)>()
+    }
+
+    fn fire_timers(&mut self, now: Tick, out: &mut Vec<Output>) {
+        let mut expired = std::mem::take(&mut self.expired);
+        self.wheel.poll(now, &mut expired);
+        for &(_, timer) in &expired {
+            match timer {
+                Timer::Deadline(index) => {
+                    let id = self.queue.get(index).id;
+                    self.queue.get_mut(index).timer = None;
+                    self.queue.dequeue(index);
+                    self.queue.free(index);
+                    self.stats.timeouts += 1;
+                    out.push(Output::Reject {
+                        id: RequestId(id),
+                        reason: RejectReason::QueueTimeout,
+                    });
+                }
+                Timer::GraceEnd(session) => {
+                    let hold = self.holds.remove(&session).expect("grace timer without its hold");
+                    self.release_hold(hold.backend);
+                }
+                Timer::Stale(backend) => self.backends[usize::from(backend)].stale_timer = None,
+            }
+        }
+        expired.clear();
+        self.expired = expired;
+    }
+
+    fn arrive(&mut self, now: Tick, arrival: Arrival, out: &mut Vec<Output>) {
+        let id = arrival.id;
+        assert!(self.queue.find(id.0).is_none(), "request id {} arrived twice", id.0);
+        if self.shutting_down {
+            self.stats.rejected_shutdown += 1;
+            return out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
+        }
+        if self.queue.queued() >= self.params.max_queued {
+            self.stats.rejected_full += 1;
+            return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
+        }
+        let completion = match arrival.session {
+            Some(session) if self.params.boost => self.tracker.lookup(session),
+            _ => None,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut entry = Entry::new(id.0, arrival.session, seq, now);
+        entry.prompt_tokens = arrival.prompt_tokens;
+        entry.streaming = arrival.streaming;
+        entry.boost_mark = self.boosted_admits;
+        let index = self.queue.alloc(entry);
+        if let Some(completion) = completion {
+            if self.grace_hit(now, index, out) {
+                return;
+            }
+            self.queue.enqueue(index, Lane::Boosted, completion.at);
+        } else {
+            self.queue.enqueue(index, Lane::Normal, 0);
+        }
+        self.arm_deadline(now, index);
+    }
+
+    /// S8: admits a boosted arrival into the slot held for its session, if there is one.
+    fn grace_hit(&mut self, now: Tick, index: u32, out: &mut Vec<Output>) -> bool {
+        let session = self.queue.get(index).session;
+        let Some(hold) = self.holds.get(&session).copied() else {
+            return false;
+        };
+        if !self.backends[usize::from(hold.backend)].usable() {
+            return false;
+        }
+        self.holds.remove(&session);
+        self.wheel.cancel(hold.timer);
+        self.release_hold(hold.backend);
+        self.stats.grace_hits += 1;
+        self.bind(now, index, hold.backend, Lane::Boosted, true, out);
+        true
+    }
+
+    fn arm_deadline(&mut self, now: Tick, index: u32) {
+        if let Some(timeout) = self.params.queue_timeout {
+            let key = self.wheel.insert(now.saturating_add(timeout), Timer::Deadline(index));
+            self.queue.get_mut(index).timer = Some(key);
+        }
+    }
+
+    /// Takes a queued entry out of its lane and disarms its deadline.
+    fn unqueue(&mut self, index: u32) -> Lane {
+        if let Some(key) = self.queue.get_mut(index).timer.take() {
+            self.wheel.cancel(key);
+        }
+        self.queue.dequeue(index)
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        let Some(index) = self.queue.find(id.0) else {
+            self.stats.stale_events += 1;
+            return;
+        };
+        if self.queue.get(index).place == Place::Admitted {
+            self.release_slot(index);
+        } else {
+            self.unqueue(index);
+            self.stats.cancelled += 1;
+        }
+        self.queue.free(index);
+    }
+
+    /// The admitted entry of `id`, or `None` (counted as a stale event).
+    fn admitted(&mut self, id: RequestId) -> Option<u32> {
+        let index = self.queue.find(id.0).filter(|&i| self.queue.get(i).place == Place::Admitted);
+        if index.is_none() {
+            self.stats.stale_events += 1;
+        }
+        index
+    }
+
+    fn first_byte(&mut self, id: RequestId) {
+        let Some(index) = self.admitted(id) else { return };
+        let entry = *self.queue.get(index);
+        let backend = &mut self.backends[usize::from(entry.backend)];
+        backend.consecutive_failures = 0;
+        if entry.prefill_pending {
+            backend.prefill_tokens -= u64::from(entry.prompt_tokens);
+            self.queue.get_mut(index).prefill_pending = false;
+        }
+    }
+
+    fn complete(&mut self, now: Tick, id: RequestId, success: bool) {
+        let Some(index) = self.admitted(id) else { return };
+        let entry = *self.queue.get(index);
+        self.release_slot(index);
+        self.queue.free(index);
+        if !success {
+            return;
+        }
+        self.backends[usize::from(entry.backend)].consecutive_failures = 0;
+        if entry.has_session {
+            self.tracker.complete(entry.session, now, entry.backend);
+            self.start_hold(now, entry.session, entry.backend);
+        }
+    }
+
+    /// S8: holds the slot `backend` just freed for a follow-up of `session`.
+    fn start_hold(&mut self, now: Tick, session: u64, backend: u16) {
+        let grace = self.params.grace_period;
+        if self.holds_max == 0 || self.shutting_down || self.holds.contains_key(&session) {
+            return;
+        }
+        let state = &mut self.backends[usize::from(backend)];
+        if !state.usable() || state.inflight + state.holds >= self.params.inflight_per_backend {
+            return;
+        }
+        state.holds += 1;
+        self.held += 1;
+        let timer = self.wheel.insert(now.saturating_add(grace), Timer::GraceEnd(session));
+        self.holds.insert(session, Hold { backend, timer });
+        self.stats.grace_holds += 1;
+    }
+
+    fn release_hold(&mut self, backend: u16) {
+        self.backends[usize::from(backend)].holds -= 1;
+        self.held -= 1;
+    }
+
+    fn retry(&mut self, now: Tick, id: RequestId, out: &mut Vec<Output>) {
+        let Some(index) = self.admitted(id) else { return };
+        let entry = *self.queue.get(index);
+        self.release_slot(index);
+        self.note_failure(now, entry.backend);
+        let reason = if self.shutting_down {
+            Some(RejectReason::ShuttingDown)
+        } else if u32::from(entry.retries) >= self.params.max_retries {
+            Some(RejectReason::RetriesExhausted)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.queue.free(index);
+            self.count_reject(reason);
+            return out.push(Output::Reject { id, reason });
+        }
+        self.stats.retries += 1;
+        let requeued = self.queue.get_mut(index);
+        requeued.retries += 1;
+        requeued.place = Place::Free;
+        self.queue.enqueue(index, Lane::Retry, 0);
+        self.arm_deadline(now, index);
+    }
+
+    fn count_reject(&mut self, reason: RejectReason) {
+        match reason {
+            RejectReason::QueueTimeout => self.stats.timeouts += 1,
+            RejectReason::QueueFull => self.stats.rejected_full += 1,
+            RejectReason::ShuttingDown => self.stats.rejected_shutdown += 1,
+            RejectReason::RetriesExhausted => self.stats.retries_exhausted += 1,
+        }
+    }
+
+    /// Passive health (SPEC 2.8): eject a backend after repeated retryable failures.
+    fn note_failure(&mut self, now: Tick, backend: u16) {
+        let limit = self.params.eject_after_failures;
+        let state = &mut self.backends[usize::from(backend)];
+        state.consecutive_failures += 1;
+        if limit > 0 && state.consecutive_failures >= limit && !state.ejected {
+            let was_usable = state.usable();
+            state.ejected = true;
+            state.ejected_at = now;
+            if was_usable {
+                self.usable -= 1;
+            }
+            self.stats.ejections += 1;
+        }
+    }
+
+    fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+        let stale_after = self.params.metrics_stale_after;
+        let state = &mut self.backends[usize::from(backend)];
+        let was_usable = state.usable();
+        state.healthy = snapshot.healthy;
+        if snapshot.healthy && state.ejected && snapshot.scraped_at > state.ejected_at {
+            state.ejected = false;
+            state.consecutive_failures = 0;
+        }
+        state.waiting = snapshot.waiting;
+        state.scraped_at = snapshot.scraped_at;
+        let is_usable = state.usable();
+        let old_timer = state.stale_timer.take();
+        let stale_at = snapshot.scraped_at.saturating_add(stale_after);
+        let arm = snapshot.waiting.is_some_and(|waiting| waiting > 0) && stale_at > now;
+        if let Some(key) = old_timer {
+            self.wheel.cancel(key);
+        }
+        if arm {
+            let key = self.wheel.insert(stale_at, Timer::Stale(backend));
+            self.backends[usize::from(backend)].stale_timer = Some(key);
+        }
+        match (was_usable, is_usable) {
+            (true, false) => self.usable -= 1,
+            (false, true) => self.usable += 1,
+            _ => {}
+        }
+    }
+
+    fn shutdown(&mut self, out: &mut Vec<Output>) {
+        self.shutting_down = true;
+        while let Some(index) = Lane::ALL.iter().find_map(|&lane| self.queue.first(lane)) {
+            let id = RequestId(self.queue.get(index).id);
+            self.unqueue(index);
+            self.queue.free(index);
+            self.stats.rejected_shutdown += 1;
+            out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
+        }
+        for (_, hold) in self.holds.drain() {
+            self.wheel.cancel(hold.timer);
+            let state = &mut self.backends[usize::from(hold.backend)];
+            state.holds -= 1;
+            self.held -= 1;
+        }
+    }
+
+    /// S6: admits queued requests while a backend is eligible.
+    fn admit_ready(&mut self, now: Tick, out: &mut Vec<Output>) {
+        while self.queue.queued() > 0 && self.model_has_room() && self.any_eligible(now) {
+            self.promote_overtaken();
+            let (index, lane) = self.next_in_order();
+            let entry = *self.queue.get(index);
+            let home = self.home_of(&entry);
+            let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
+            let (backend, affinity) = policy::choose(
+                self.params.routing,
+                &self.backends,
+                &self.gates,
+                now,
+                home,
+                avoid,
+                &mut self.cursor,
+            )
+            .expect("an eligible backend exists");
+            self.unqueue(index);
+            self.bind(now, index, backend, lane, affinity, out);
+        }
+    }
+
+    /// S6a: the model's admitted requests and held slots are below its capacity.
+    fn model_has_room(&self) -> bool {
+        let capacity = u64::from(self.params.inflight_per_backend) * u64::from(self.usable);
+        u64::from(self.inflight + self.held) < capacity
+    }
+
+    fn any_eligible(&self, now: Tick) -> bool {
+        self.backends.iter().any(|backend| self.gates.eligible(backend, now))
+    }
+
+    /// S4: before an admission, force the oldest boosted request once it has been overtaken
+    /// `max_overtakes` times.
+    fn promote_overtaken(&mut self) {
+        let bound = u64::from(self.params.max_overtakes);
+        let Some(oldest) = self.queue.oldest_boosted() else { return };
+        if bound > 0 && self.boosted_admits - self.queue.get(oldest).boost_mark >= bound {
+            self.queue.force(oldest);
+            self.stats.forced += 1;
+        }
+    }
+
+    /// S3 with S5: the next request to admit and its lane.
+    fn next_in_order(&self) -> (u32, Lane) {
+        let streak_max = self.params.boosted_streak_max;
+        let normal_due = streak_max > 0 && self.streak >= streak_max;
+        let order: [Lane; 4] = if normal_due {
+            [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
+        } else {
+            Lane::ALL
+        };
+        order
+            .iter()
+            .find_map(|&lane| self.queue.first(lane).map(|index| (index, lane)))
+            .expect("admission with an empty queue")
+    }
+
+    /// The session's last backend, when the tracker remembers it.
+    fn home_of(&self, entry: &Entry) -> u16 {
+        if !entry.has_session {
+            return NO_BACKEND;
+        }
+        self.tracker.lookup(entry.session).map_or(NO_BACKEND, |completion| completion.backend)
+    }
+
+    /// Admits the (already unqueued) entry `index` to `backend`.
+    fn bind(
+        &mut self,
+        now: Tick,
+        index: u32,
+        backend: u16,
+        lane: Lane,
+        affinity: bool,
+        out: &mut Vec<Output>,
+    ) {
+        self.count_admission(lane);
+        let budget_on = self.params.prefill_tokens_per_backend > 0;
+        let entry = self.queue.get_mut(index);
+        entry.place = Place::Admitted;
+        entry.backend = backend;
+        entry.prefill_pending = entry.streaming && budget_on;
+        let (id, waited, pending, tokens) =
+            (entry.id, now - entry.arrived_at, entry.prefill_pending, entry.prompt_tokens);
+        let state = &mut self.backends[usize::from(backend)];
+        state.inflight += 1;
+        if pending {
+            state.prefill_tokens += u64::from(tokens);
+        }
+        self.inflight += 1;
+        self.stats.affinity_hits += u64::from(affinity);
+        out.push(Output::Admit { id: RequestId(id), backend, lane, waited, affinity });
+    }
+
+    fn count_admission(&mut self, lane: Lane) {
+        self.stats.admitted[lane as usize] += 1;
+        let normal_waiting = self.queue.lane_len(Lane::Normal) > 0;
+        match lane {
+            Lane::Boosted => {
+                self.boosted_admits += 1;
+                self.streak = if normal_waiting { self.streak + 1 } else { 0 };
+            }
+            Lane::Forced => self.boosted_admits += 1,
+            Lane::Normal => self.streak = 0,
+            Lane::Retry => {}
+        }
+    }
+
+    /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
+    fn release_slot(&mut self, index: u32) {
+        let entry = *self.queue.get(index);
+        let state = &mut self.backends[usize::from(entry.backend)];
+        state.inflight -= 1;
+        if entry.prefill_pending {
+            state.prefill_tokens -= u64::from(entry.prompt_tokens);
+        }
+        self.inflight -= 1;
+        let entry = self.queue.get_mut(index);
+        entry.place = Place::Free;
+        entry.prefill_pending = false;
+    }
+
+    /// Checks every structure and the accounting of S14; panics on a violation.
+    pub fn check_invariants(&self) {
+        self.queue.check_invariants();
+        self.tracker.check_invariants();
+        self.wheel.check_invariants();
+        let count = self.backends.len();
+        let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
+        self.queue.for_each_admitted(|_, entry| {
+            inflight[usize::from(entry.backend)] += 1;
+            if entry.prefill_pending {
+                prefill[usize::from(entry.backend)] += u64::from(entry.prompt_tokens);
+            }
+        });
+        let mut holds = vec![0u32; count];
+        for hold in self.holds.values() {
+            holds[usize::from(hold.backend)] += 1;
+        }
+        for (index, backend) in self.backends.iter().enumerate() {
+            assert_eq!(backend.inflight, inflight[index], "inflight of backend {index}");
+            assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
+            assert_eq!(backend.holds, holds[index], "holds of backend {index}");
+            let slots = backend.inflight + backend.holds;
+            assert!(slots <= self.params.inflight_per_backend, "backend {index} over its cap");
+        }
+        assert_eq!(self.inflight, inflight.iter().sum::<u32>(), "model inflight");
+        assert_eq!(self.held, holds.iter().sum::<u32>(), "model holds");
+        let usable = self.backends.iter().filter(|backend| backend.usable()).count();
+        assert_eq!(usize::from(self.usable), usable, "usable backend count");
+        let deadlines = if self.params.queue_timeout.is_some() { self.queue.queued() } else { 0 };
+        let stale = self.backends.iter().filter(|backend| backend.stale_timer.is_some()).count();
+        let timers = deadlines as usize + self.holds.len() + stale;
+        assert_eq!(self.wheel.len(), timers, "timer count");
+        assert!(self.queue.queued() <= self.params.max_queued + self.inflight_capacity());
+        if self.shutting_down {
+            assert_eq!(self.queue.queued(), 0, "queued requests after shutdown");
+        }
+    }
+
+    fn inflight_capacity(&self) -> u32 {
+        self.params.inflight_per_backend * u32::from(self.params.backends)
+    }
+}

@@ -1,0 +1,210 @@
+//! Differential testing of [`Scheduler`] against [`Reference`]: decodes an arbitrary byte
+//! string into parameters and a sequence of timed inputs, applies each to both, and compares
+//! every output, the counters, the lane depths, per-backend accounting and the next wake-up,
+//! calling [`Scheduler::check_invariants`] after every step. Used by proptest in `tests.rs` and
+//! by the `scheduler_model` fuzz target, so the fuzz logic compiles with the crate.
+
+use std::collections::BTreeSet;
+
+use crate::clock::Tick;
+
+use super::reference::Reference;
+use super::{Arrival, Input, Lane, Output, Params, RequestId, Routing, Scheduler, Snapshot};
+
+/// Reads bytes as small numbers; past the end it yields zeros.
+#[derive(Debug)]
+struct Bytes<'a> {
+    data: &'a [u8],
+}
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.data.split_first() {
+            Some((&first, rest)) => {
+                self.data = rest;
+                first
+            }
+            None => 0,
+        }
+    }
+
+    fn below(&mut self, bound: u32) -> u32 {
+        u32::from(self.byte()) % bound
+    }
+
+    fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+const RESOLUTION: Tick = 1 << 10;
+
+/// Decodes scheduling parameters: small limits so that every rule triggers often.
+fn params(bytes: &mut Bytes) -> Params {
+    let routing = match bytes.below(3) {
+        0 => Routing::SessionAffinity,
+        1 => Routing::LeastInflight,
+        _ => Routing::RoundRobin,
+    };
+    Params {
+        boost: bytes.below(4) != 0,
+        routing,
+        backends: 1 + bytes.below(3) as u16,
+        queue_timeout: [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)][bytes.below(3) as usize],
+        max_queued: 1 + bytes.below(12),
+        inflight_per_backend: 1 + bytes.below(3),
+        prefill_tokens_per_backend: [0, 1000, 50][bytes.below(3) as usize],
+        max_sessions: 1 + bytes.below(6),
+        max_overtakes: bytes.below(4),
+        boosted_streak_max: bytes.below(3),
+        grace_period: [0, 3 * RESOLUTION, RESOLUTION / 2][bytes.below(3) as usize],
+        max_retries: bytes.below(3),
+        eject_after_failures: bytes.below(3),
+        metrics_stale_after: 8 * RESOLUTION,
+        timer_resolution: RESOLUTION,
+    }
+}
+
+/// The requests the harness believes are queued or admitted, from the outputs it saw.
+#[derive(Debug, Default)]
+struct Live {
+    queued: Vec<u64>,
+    admitted: Vec<u64>,
+    next_id: u64,
+}
+
+impl Live {
+    fn pick(&self, bytes: &mut Bytes, admitted_only: bool) -> RequestId {
+        let pool: Vec<u64> = if admitted_only {
+            self.admitted.clone()
+        } else {
+            self.queued.iter().chain(&self.admitted).copied().collect()
+        };
+        let choice = bytes.byte() as usize;
+        if pool.is_empty() || choice % 16 == 15 {
+            // Sometimes a request nobody knows: a stale event.
+            return RequestId(1_000_000 + choice as u64);
+        }
+        RequestId(pool[choice % pool.len()])
+    }
+
+    fn apply(&mut self, input: &Input, outputs: &[Output]) {
+        let forget = |list: &mut Vec<u64>, id: u64| list.retain(|&x| x != id);
+        match *input {
+            Input::Arrive(arrival) => self.queued.push(arrival.id.0),
+            Input::Cancel(id) | Input::Complete { id, .. } => {
+                forget(&mut self.queued, id.0);
+                forget(&mut self.admitted, id.0);
+            }
+            Input::Retry(id) if self.admitted.contains(&id.0) => {
+                forget(&mut self.admitted, id.0);
+                self.queued.push(id.0);
+            }
+            _ => {}
+        }
+        for output in outputs {
+            match *output {
+                Output::Admit { id, .. } => {
+                    forget(&mut self.queued, id.0);
+                    self.admitted.push(id.0);
+                }
+                Output::Reject { id, .. } => forget(&mut self.queued, id.0),
+            }
+        }
+    }
+}
+
+fn decode_input(bytes: &mut Bytes, live: &mut Live, backends: u16, now: Tick) -> Input {
+    match bytes.below(16) {
+        0..=4 => {
+            live.next_id += 1;
+            let session_pick = bytes.below(8);
+            Input::Arrive(Arrival {
+                id: RequestId(live.next_id),
+                session: (session_pick < 6).then_some(u64::from(session_pick)),
+                prompt_tokens: [0, 40, 700, 3000][bytes.below(4) as usize],
+                streaming: bytes.below(2) == 0,
+            })
+        }
+        5 => Input::Cancel(live.pick(bytes, false)),
+        6 => Input::FirstByte(live.pick(bytes, true)),
+        7..=9 => Input::Complete { id: live.pick(bytes, true), success: bytes.below(4) != 0 },
+        10 => Input::Retry(live.pick(bytes, true)),
+        11 | 12 => {
+            let snapshot = Snapshot {
+                healthy: bytes.below(5) != 0,
+                waiting: [None, Some(0), Some(0), Some(2)][bytes.below(4) as usize],
+                scraped_at: now.saturating_sub(u64::from(bytes.below(4)) * 3 * RESOLUTION),
+            };
+            Input::Snapshot { backend: bytes.below(u32::from(backends)) as u16, snapshot }
+        }
+        13 if bytes.below(8) == 0 => Input::Shutdown,
+        _ => Input::Tick,
+    }
+}
+
+fn advance(bytes: &mut Bytes) -> Tick {
+    match bytes.below(8) {
+        0..=2 => 0,
+        3 | 4 => u64::from(bytes.byte()),
+        5 | 6 => RESOLUTION * u64::from(bytes.below(4)),
+        _ => RESOLUTION * 40,
+    }
+}
+
+/// Rejections within one step are compared as a set: the order in which simultaneous
+/// deadlines fire is not part of the contract; admissions are compared in order.
+fn split(outputs: &[Output]) -> (Vec<Output>, BTreeSet<(RequestId, super::RejectReason)>) {
+    let admits = outputs.iter().filter(|o| matches!(o, Output::Admit { .. })).copied().collect();
+    let rejects = outputs
+        .iter()
+        .filter_map(|o| match *o {
+            Output::Reject { id, reason } => Some((id, reason)),
+            Output::Admit { .. } => None,
+        })
+        .collect();
+    (admits, rejects)
+}
+
+/// Runs the byte string `data` as a differential test; panics on the first divergence.
+pub fn run(data: &[u8]) {
+    let mut bytes = Bytes { data };
+    let params = params(&mut bytes);
+    let mut real = Scheduler::new(params.clone(), 0);
+    let mut model = Reference::new(params.clone());
+    let mut live = Live::default();
+    let (mut now, mut step) = (0, 0);
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    while !bytes.is_empty() {
+        now += advance(&mut bytes);
+        let input = decode_input(&mut bytes, &mut live, params.backends, now);
+        got.clear();
+        want.clear();
+        real.handle(now, input, &mut got);
+        model.handle(now, input, &mut want);
+        let context = || format!("step {step} at {now}: {input:?}\nparams {params:?}");
+        assert_eq!(split(&got), split(&want), "outputs differ, {}", context());
+        real.check_invariants();
+        compare_state(&real, &model, params.backends, &context);
+        live.apply(&input, &got);
+        step += 1;
+    }
+}
+
+fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &dyn Fn() -> String) {
+    assert_eq!(real.stats(), model.stats(), "stats differ, {}", context());
+    for lane in Lane::ALL {
+        assert_eq!(real.depth(lane), model.depth(lane), "{lane:?} depth, {}", context());
+    }
+    for backend in 0..backends {
+        assert_eq!(
+            real.backend_inflight(backend),
+            model.backend_inflight(backend),
+            "{}",
+            context()
+        );
+        let (a, b) = (real.backend_prefill_tokens(backend), model.backend_prefill_tokens(backend));
+        assert_eq!(a, b, "prefill of {backend}, {}", context());
+    }
+    assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());
+}

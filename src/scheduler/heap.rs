@@ -1,0 +1,242 @@
+//! Intrusive indexed binary min-heap.
+//!
+//! The classic array heap (Williams 1964) over `u32` indices into an arena the heap does not own,
+//! with each entry's heap position stored in the entry itself, so that an entry anywhere in the
+//! heap can be removed or re-keyed in O(log n) (the "indexed priority queue" of Sedgewick's
+//! *Algorithms*, section 2.4). The owner passes its arena to every mutation through
+//! [`HeapArena`], which records positions and breaks ties between equal keys.
+//!
+//! Each heap slot keeps its `u64` key beside the index, so sifting compares keys without touching
+//! the arena; only positions are written back to it, and ties (rare: two requests carrying the
+//! same completion time) are resolved through it.
+
+/// Position of an entry that is not in the heap.
+pub const NOT_IN_HEAP: u32 = u32::MAX;
+
+/// The arena side of an intrusive heap.
+pub trait HeapArena {
+    /// Records that entry `index` now sits at heap position `position` ([`NOT_IN_HEAP`] when
+    /// removed).
+    fn set_heap_position(&mut self, index: u32, position: u32);
+    /// Whether entry `a` goes before entry `b` when their keys are equal.
+    fn tie_before(&self, a: u32, b: u32) -> bool;
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: u64,
+    index: u32,
+}
+
+/// A min-heap of arena indices ordered by a `u64` key, ties broken by the arena.
+#[derive(Debug)]
+pub struct IndexedHeap {
+    slots: Vec<Slot>,
+}
+
+impl IndexedHeap {
+    /// An empty heap that holds up to `capacity` entries without reallocating.
+    pub fn with_capacity(capacity: usize) -> IndexedHeap {
+        IndexedHeap { slots: Vec::with_capacity(capacity) }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the heap is empty.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Bytes of the preallocated slot array.
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+    }
+
+    /// The index at the top (smallest key) without removing it.
+    pub fn peek(&self) -> Option<u32> {
+        self.slots.first().map(|slot| slot.index)
+    }
+
+    /// Inserts `index` with `key`. The caller guarantees `index` is not already in the heap.
+    pub fn push<A: HeapArena>(&mut self, key: u64, index: u32, arena: &mut A) {
+        let position = self.slots.len();
+        self.slots.push(Slot { key, index });
+        self.sift_up(position, arena);
+    }
+
+    /// Removes and returns the entry at heap position `position`.
+    pub fn remove<A: HeapArena>(&mut self, position: u32, arena: &mut A) -> u32 {
+        let position = position as usize;
+        let last = self.slots.len() - 1;
+        let removed = self.slots[position].index;
+        self.slots.swap(position, last);
+        self.slots.pop();
+        arena.set_heap_position(removed, NOT_IN_HEAP);
+        if position < last {
+            // The moved slot may belong above or below `position`: one of the two sifts is a no-op.
+            let moved_up = self.sift_up(position, arena);
+            if !moved_up {
+                self.sift_down(position, arena);
+            }
+        }
+        removed
+    }
+
+    /// Removes and returns the top entry.
+    pub fn pop<A: HeapArena>(&mut self, arena: &mut A) -> Option<u32> {
+        if self.slots.is_empty() {
+            None
+        } else {
+            Some(self.remove(0, arena))
+        }
+    }
+
+    fn before<A: HeapArena>(&self, a: usize, b: usize, arena: &A) -> bool {
+        let (a, b) = (self.slots[a], self.slots[b]);
+        a.key < b.key || (a.key == b.key && arena.tie_before(a.index, b.index))
+    }
+
+    /// Moves the slot at `position` up to its place; returns whether it moved.
+    fn sift_up<A: HeapArena>(&mut self, mut position: usize, arena: &mut A) -> bool {
+        let start = position;
+        while position > 0 {
+            let parent = (position - 1) / 2;
+            if !self.before(position, parent, arena) {
+                break;
+            }
+            self.slots.swap(position, parent);
+            arena.set_heap_position(self.slots[position].index, position as u32);
+            position = parent;
+        }
+        arena.set_heap_position(self.slots[position].index, position as u32);
+        position != start
+    }
+
+    fn sift_down<A: HeapArena>(&mut self, mut position: usize, arena: &mut A) {
+        let len = self.slots.len();
+        loop {
+            let left = 2 * position + 1;
+            if left >= len {
+                break;
+            }
+            let right = left + 1;
+            let child = if right < len && self.before(right, left, arena) { right } else { left };
+            if !self.before(child, position, arena) {
+                break;
+            }
+            self.slots.swap(position, child);
+            arena.set_heap_position(self.slots[position].index, position as u32);
+            position = child;
+        }
+        arena.set_heap_position(self.slots[position].index, position as u32);
+    }
+
+    /// Checks heap order and that `position_of` agrees with every slot; panics otherwise.
+    pub fn check_invariants<A: HeapArena>(&self, arena: &A, position_of: impl Fn(u32) -> u32) {
+        for (position, slot) in self.slots.iter().enumerate() {
+            assert_eq!(
+                position_of(slot.index),
+                position as u32,
+                "heap: entry {} at position {position} records another position",
+                slot.index
+            );
+            if position > 0 {
+                let parent = (position - 1) / 2;
+                assert!(
+                    !self.before(position, parent, arena),
+                    "heap: order violated between positions {parent} and {position}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A toy arena: positions and a tie-break rank per index.
+    struct Toy {
+        positions: Vec<u32>,
+        rank: Vec<u64>,
+    }
+
+    impl HeapArena for Toy {
+        fn set_heap_position(&mut self, index: u32, position: u32) {
+            self.positions[index as usize] = position;
+        }
+        fn tie_before(&self, a: u32, b: u32) -> bool {
+            self.rank[a as usize] < self.rank[b as usize]
+        }
+    }
+
+    #[test]
+    fn pops_in_key_then_tie_order() {
+        let mut toy = Toy { positions: vec![NOT_IN_HEAP; 5], rank: vec![4, 3, 2, 1, 0] };
+        let mut heap = IndexedHeap::with_capacity(5);
+        for (index, key) in [(0, 7), (1, 3), (2, 7), (3, 1), (4, 3)] {
+            heap.push(key, index, &mut toy);
+        }
+        let order: Vec<u32> = std::iter::from_fn(|| heap.pop(&mut toy)).collect();
+        assert_eq!(order, vec![3, 4, 1, 2, 0]);
+        assert!(toy.positions.iter().all(|&p| p == NOT_IN_HEAP));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Push(u64),
+        Pop,
+        Remove(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..20).prop_map(Op::Push),
+            Just(Op::Pop),
+            any::<usize>().prop_map(Op::Remove)
+        ]
+    }
+
+    proptest! {
+        /// Against a reference: a plain Vec of (key, rank, index) scanned for its minimum.
+        #[test]
+        fn matches_sorted_reference(ops in proptest::collection::vec(op(), 0..300)) {
+            const N: usize = 64;
+            let mut toy = Toy { positions: vec![NOT_IN_HEAP; N], rank: (0..N as u64).collect() };
+            let mut heap = IndexedHeap::with_capacity(N);
+            let mut model: Vec<(u64, u64, u32)> = Vec::new();
+            let mut free: Vec<u32> = (0..N as u32).rev().collect();
+            for op in ops {
+                match op {
+                    Op::Push(key) => {
+                        if let Some(index) = free.pop() {
+                            heap.push(key, index, &mut toy);
+                            model.push((key, toy.rank[index as usize], index));
+                        }
+                    }
+                    Op::Pop => {
+                        let expected = model.iter().min().copied();
+                        model.retain(|entry| Some(*entry) != expected);
+                        let got = heap.pop(&mut toy);
+                        prop_assert_eq!(got, expected.map(|entry| entry.2));
+                        free.extend(got);
+                    }
+                    Op::Remove(pick) => {
+                        if !model.is_empty() {
+                            let (_, _, index) = model.remove(pick % model.len());
+                            let position = toy.positions[index as usize];
+                            prop_assert_eq!(heap.remove(position, &mut toy), index);
+                            free.push(index);
+                        }
+                    }
+                }
+                prop_assert_eq!(heap.len(), model.len());
+                heap.check_invariants(&toy, |index| toy.positions[index as usize]);
+            }
+        }
+    }
+}

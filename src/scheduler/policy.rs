@@ -1,0 +1,151 @@
+//! Per-backend state, the admission gates of S6 and the backend choice of S7.
+//!
+//! A backend is *eligible* when it is healthy and not ejected, has a free slot (inflight plus
+//! grace holds below `inflight_per_backend`), has no fresh waiting-queue gauge above zero, and
+//! its prefill backlog is below `prefill_tokens_per_backend`. Eligibility reads `now` only to
+//! decide whether a scraped gauge is still fresh; a wheel timer fires when a positive gauge goes
+//! stale so that admission is re-evaluated then (SPEC section 9, defect 1).
+
+use crate::clock::Tick;
+
+use super::queue::NO_BACKEND;
+use super::wheel::TimerKey;
+
+/// How a model picks the backend of an admitted request (SPEC S7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// The session's last backend when eligible, else the least-inflight one.
+    SessionAffinity,
+    /// The eligible backend with the fewest inflight requests; ties by waiting gauge, then
+    /// rotation.
+    LeastInflight,
+    /// The next eligible backend in rotation.
+    RoundRobin,
+}
+
+/// The latest health and metrics report for a backend (from the control thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Whether the health check passed.
+    pub healthy: bool,
+    /// The engine's waiting-queue gauge, or `None` when its metrics could not be scraped.
+    pub waiting: Option<u32>,
+    /// When the health check and scrape were taken.
+    pub scraped_at: Tick,
+}
+
+/// The scheduler's view of one backend.
+#[derive(Debug, Clone)]
+pub(crate) struct Backend {
+    pub healthy: bool,
+    /// Passively ejected after repeated retryable failures (SPEC 2.8), since `ejected_at`.
+    pub ejected: bool,
+    pub ejected_at: Tick,
+    pub consecutive_failures: u32,
+    pub inflight: u32,
+    /// Slots held for a grace window (S8).
+    pub holds: u32,
+    /// Estimated prompt tokens of admitted streaming requests without a first body byte (S6.3).
+    pub prefill_tokens: u64,
+    pub waiting: Option<u32>,
+    pub scraped_at: Tick,
+    /// Fires when a positive waiting gauge goes stale.
+    pub stale_timer: Option<TimerKey>,
+}
+
+impl Backend {
+    pub const NEW: Backend = Backend {
+        healthy: true,
+        ejected: false,
+        ejected_at: 0,
+        consecutive_failures: 0,
+        inflight: 0,
+        holds: 0,
+        prefill_tokens: 0,
+        waiting: None,
+        scraped_at: 0,
+        stale_timer: None,
+    };
+
+    /// Healthy and not ejected: counts toward the model's capacity (S6a).
+    pub fn usable(&self) -> bool {
+        self.healthy && !self.ejected
+    }
+
+    /// The waiting gauge if it is fresh at `now`.
+    pub fn fresh_waiting(&self, now: Tick, stale_after: Tick) -> Option<u32> {
+        let fresh = now < self.scraped_at.saturating_add(stale_after);
+        self.waiting.filter(|_| fresh)
+    }
+}
+
+/// The limits the gates apply.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gates {
+    pub inflight_per_backend: u32,
+    pub prefill_tokens_per_backend: u64,
+    pub stale_after: Tick,
+}
+
+impl Gates {
+    /// S6 (b): whether `backend` can take one more request at `now`.
+    pub fn eligible(&self, backend: &Backend, now: Tick) -> bool {
+        backend.usable()
+            && backend.inflight + backend.holds < self.inflight_per_backend
+            && backend.fresh_waiting(now, self.stale_after).is_none_or(|waiting| waiting == 0)
+            && (self.prefill_tokens_per_backend == 0
+                || backend.prefill_tokens < self.prefill_tokens_per_backend)
+    }
+}
+
+/// Chooses a backend among the eligible ones, never `avoid` unless it is the only one.
+/// `home` is the session's last backend (or [`NO_BACKEND`]). Returns the backend and whether it
+/// was the session's home. `cursor` is the rotation point, advanced past a rotated choice.
+pub(crate) fn choose(
+    routing: Routing,
+    backends: &[Backend],
+    gates: &Gates,
+    now: Tick,
+    home: u16,
+    avoid: u16,
+    cursor: &mut u16,
+) -> Option<(u16, bool)> {
+    let eligible = |index: u16| gates.eligible(&backends[index as usize], now);
+    if routing == Routing::SessionAffinity && home != NO_BACKEND && home != avoid && eligible(home)
+    {
+        return Some((home, true));
+    }
+    let pick = rotate(routing, backends, gates, now, avoid, *cursor)
+        .or_else(|| (avoid != NO_BACKEND && eligible(avoid)).then_some(avoid))?;
+    *cursor = ((pick as usize + 1) % backends.len()) as u16;
+    Some((pick, pick == home))
+}
+
+/// Least-inflight (ties: lower fresh waiting gauge, then the first from `cursor`) or plain
+/// rotation, over eligible backends other than `avoid`.
+fn rotate(
+    routing: Routing,
+    backends: &[Backend],
+    gates: &Gates,
+    now: Tick,
+    avoid: u16,
+    cursor: u16,
+) -> Option<u16> {
+    let count = backends.len();
+    let mut best: Option<(u16, (u32, u32))> = None;
+    for step in 0..count {
+        let index = ((cursor as usize + step) % count) as u16;
+        let backend = &backends[index as usize];
+        if index == avoid || !gates.eligible(backend, now) {
+            continue;
+        }
+        if routing == Routing::RoundRobin {
+            return Some(index);
+        }
+        let load = (backend.inflight, backend.fresh_waiting(now, gates.stale_after).unwrap_or(0));
+        if best.is_none_or(|(_, best_load)| load < best_load) {
+            best = Some((index, load));
+        }
+    }
+    best.map(|(index, _)| index)
+}

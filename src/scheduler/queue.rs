@@ -1,0 +1,359 @@
+//! The request arena and the four lanes of a model's queue.
+//!
+//! Every request the scheduler knows, queued or admitted, lives in one preallocated arena of
+//! [`Entry`] addressed by `u32` index; free entries form a singly linked free list through
+//! `next`. A request id finds its entry through a `hashbrown::HashTable<u32>` that stores only
+//! the index (the id is read back from the entry), so the index costs about 5 bytes per slot.
+//!
+//! Lanes (SPEC S3, S4, 2.8), each intrusive through the entries' `prev`/`next` links:
+//! - `retry`: requests sent back after a retryable upstream failure, FIFO, served first;
+//! - `forced`: boosted requests promoted by bounded overtaking, FIFO (promotion always takes the
+//!   oldest boosted request, so appending keeps arrival order);
+//! - `boosted`: an [`IndexedHeap`] keyed by completion time (most recent first, ties by
+//!   arrival), plus an arrival-ordered list of the same entries, whose head is the oldest boosted
+//!   request in O(1) for the overtaking check;
+//! - `normal`: FIFO by arrival.
+//!
+//! A queued entry is in exactly one list; a boosted one is also in the heap.
+
+use hashbrown::HashTable;
+
+use super::heap::{HeapArena, IndexedHeap, NOT_IN_HEAP};
+use super::Lane;
+use crate::clock::Tick;
+
+/// End of a list / no entry.
+pub(crate) const NIL: u32 = u32::MAX;
+/// No backend.
+pub(crate) const NO_BACKEND: u16 = u16::MAX;
+
+/// Where an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Free,
+    Queued(Lane),
+    Admitted,
+}
+
+/// One request, queued or admitted. 72 bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub id: u64,
+    /// Session hash; meaningful only when `has_session`.
+    pub session: u64,
+    /// Arrival sequence number (S3 ties).
+    pub seq: u64,
+    /// Tick of arrival (queue wait is measured from it).
+    pub arrived_at: Tick,
+    /// Boosted admissions counted when this request arrived (S4).
+    pub boost_mark: u64,
+    /// The queue-deadline timer while queued with a deadline.
+    pub timer: Option<super::wheel::TimerKey>,
+    pub prev: u32,
+    pub next: u32,
+    pub heap_position: u32,
+    /// Estimated prompt tokens (body bytes / 4), for the prefill backlog (S6.3).
+    pub prompt_tokens: u32,
+    /// The admitted backend; for a request in the retry lane, the backend that failed.
+    pub backend: u16,
+    pub place: Place,
+    pub retries: u8,
+    pub has_session: bool,
+    pub streaming: bool,
+    /// Admitted, streaming, and no response body byte yet: counted in the prefill backlog.
+    pub prefill_pending: bool,
+}
+
+impl Entry {
+    const FREE: Entry = Entry {
+        id: 0,
+        session: 0,
+        seq: 0,
+        arrived_at: 0,
+        boost_mark: 0,
+        timer: None,
+        prev: NIL,
+        next: NIL,
+        heap_position: NOT_IN_HEAP,
+        prompt_tokens: 0,
+        backend: NO_BACKEND,
+        place: Place::Free,
+        retries: 0,
+        has_session: false,
+        streaming: false,
+        prefill_pending: false,
+    };
+
+    /// A fresh entry for an arriving request.
+    pub fn new(id: u64, session: Option<u64>, seq: u64, arrived_at: Tick) -> Entry {
+        Entry {
+            id,
+            session: session.unwrap_or(0),
+            has_session: session.is_some(),
+            seq,
+            arrived_at,
+            ..Entry::FREE
+        }
+    }
+}
+
+/// The arena, as the heap sees it.
+#[derive(Debug)]
+struct Entries(Vec<Entry>);
+
+impl HeapArena for Entries {
+    fn set_heap_position(&mut self, index: u32, position: u32) {
+        self.0[index as usize].heap_position = position;
+    }
+    fn tie_before(&self, a: u32, b: u32) -> bool {
+        self.0[a as usize].seq < self.0[b as usize].seq
+    }
+}
+
+/// An intrusive doubly linked list of entries.
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl List {
+    const EMPTY: List = List { head: NIL, tail: NIL, len: 0 };
+}
+
+/// The arena, the id index and the lanes.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    entries: Entries,
+    free_head: u32,
+    ids: HashTable<u32>,
+    /// One list per lane, indexed by `Lane as usize`; the boosted one is in arrival order.
+    lists: [List; 4],
+    boosted: IndexedHeap,
+    live: u32,
+}
+
+/// splitmix64's finaliser (Steele, Lea, Flood 2014): request ids are often sequential, and
+/// hashbrown takes the bucket from the low bits and the tag from the high ones.
+fn hash_id(id: u64) -> u64 {
+    let mut z = id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Queue {
+    /// A queue whose arena holds `capacity` requests, queued and admitted together.
+    pub fn with_capacity(capacity: u32) -> Queue {
+        assert!(capacity > 0 && capacity < NIL, "queue capacity {capacity} out of range");
+        let mut entries = vec![Entry::FREE; capacity as usize];
+        for (index, entry) in entries.iter_mut().enumerate() {
+            entry.next = if index + 1 < capacity as usize { index as u32 + 1 } else { NIL };
+        }
+        Queue {
+            entries: Entries(entries),
+            free_head: 0,
+            ids: HashTable::with_capacity(capacity as usize),
+            lists: [List::EMPTY; 4],
+            boosted: IndexedHeap::with_capacity(capacity as usize),
+            live: 0,
+        }
+    }
+
+    /// Bytes of every preallocated buffer.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.0.capacity() * std::mem::size_of::<Entry>()
+            + self.ids.allocation_size()
+            + self.boosted.heap_bytes()
+    }
+
+    /// Arena capacity.
+    pub fn capacity(&self) -> u32 {
+        self.entries.0.len() as u32
+    }
+
+    pub fn get(&self, index: u32) -> &Entry {
+        &self.entries.0[index as usize]
+    }
+
+    pub fn get_mut(&mut self, index: u32) -> &mut Entry {
+        &mut self.entries.0[index as usize]
+    }
+
+    /// The entry of request `id`, queued or admitted.
+    pub fn find(&self, id: u64) -> Option<u32> {
+        let entries = &self.entries.0;
+        self.ids.find(hash_id(id), |&index| entries[index as usize].id == id).copied()
+    }
+
+    /// Takes a free entry for `entry` and indexes its id. Panics when the arena is full: the
+    /// owner sizes it for `max_queued` plus every admission slot.
+    pub fn alloc(&mut self, entry: Entry) -> u32 {
+        let index = self.free_head;
+        assert!(index != NIL, "request arena exhausted (capacity {})", self.capacity());
+        self.free_head = self.entries.0[index as usize].next;
+        self.entries.0[index as usize] = entry;
+        let entries = &self.entries.0;
+        self.ids.insert_unique(hash_id(entry.id), index, |&i| hash_id(entries[i as usize].id));
+        self.live += 1;
+        index
+    }
+
+    /// Returns an entry that is in no lane to the free list.
+    pub fn free(&mut self, index: u32) {
+        let id = self.get(index).id;
+        debug_assert!(!matches!(self.get(index).place, Place::Queued(_)), "freeing a queued entry");
+        let entries = &self.entries.0;
+        match self.ids.find_entry(hash_id(id), |&i| entries[i as usize].id == id) {
+            Ok(found) => {
+                found.remove();
+            }
+            Err(_) => panic!("freeing entry {index} whose id {id} is not indexed"),
+        }
+        let free_head = self.free_head;
+        let entry = self.get_mut(index);
+        *entry = Entry::FREE;
+        entry.next = free_head;
+        self.free_head = index;
+        self.live -= 1;
+    }
+
+    /// Number of queued requests in `lane`.
+    pub fn lane_len(&self, lane: Lane) -> u32 {
+        self.lists[lane as usize].len
+    }
+
+    /// Number of queued requests, all lanes.
+    pub fn queued(&self) -> u32 {
+        self.lists.iter().map(|list| list.len).sum()
+    }
+
+    /// Head of a FIFO lane (`Retry`, `Forced`, `Normal`) or the top of the boosted heap.
+    pub fn first(&self, lane: Lane) -> Option<u32> {
+        if lane == Lane::Boosted {
+            return self.boosted.peek();
+        }
+        let head = self.lists[lane as usize].head;
+        (head != NIL).then_some(head)
+    }
+
+    /// The oldest boosted (not forced) request.
+    pub fn oldest_boosted(&self) -> Option<u32> {
+        let head = self.lists[Lane::Boosted as usize].head;
+        (head != NIL).then_some(head)
+    }
+
+    /// Queues `index` in `lane`. `boost_key` orders the boosted heap (most recent completion
+    /// first); it is ignored for other lanes.
+    pub fn enqueue(&mut self, index: u32, lane: Lane, completed_at: Tick) {
+        self.get_mut(index).place = Place::Queued(lane);
+        if lane == Lane::Boosted {
+            self.boosted.push(u64::MAX - completed_at, index, &mut self.entries);
+        }
+        Self::push_back(&mut self.entries.0, &mut self.lists[lane as usize], index);
+    }
+
+    /// Takes `index` out of its lane; it stays allocated.
+    pub fn dequeue(&mut self, index: u32) -> Lane {
+        let Place::Queued(lane) = self.get(index).place else {
+            panic!("dequeue of entry {index} that is not queued");
+        };
+        if lane == Lane::Boosted {
+            let position = self.get(index).heap_position;
+            self.boosted.remove(position, &mut self.entries);
+        }
+        Self::unlink(&mut self.entries.0, &mut self.lists[lane as usize], index);
+        self.get_mut(index).place = Place::Free;
+        lane
+    }
+
+    /// Moves a boosted request to the forced lane (S4).
+    pub fn force(&mut self, index: u32) {
+        let lane = self.dequeue(index);
+        debug_assert_eq!(lane, Lane::Boosted);
+        self.enqueue(index, Lane::Forced, 0);
+    }
+
+    fn push_back(entries: &mut [Entry], list: &mut List, index: u32) {
+        entries[index as usize].prev = list.tail;
+        entries[index as usize].next = NIL;
+        if list.tail == NIL {
+            list.head = index;
+        } else {
+            entries[list.tail as usize].next = index;
+        }
+        list.tail = index;
+        list.len += 1;
+    }
+
+    fn unlink(entries: &mut [Entry], list: &mut List, index: u32) {
+        let Entry { prev, next, .. } = entries[index as usize];
+        if prev == NIL {
+            list.head = next;
+        } else {
+            entries[prev as usize].next = next;
+        }
+        if next == NIL {
+            list.tail = prev;
+        } else {
+            entries[next as usize].prev = prev;
+        }
+        entries[index as usize].prev = NIL;
+        entries[index as usize].next = NIL;
+        list.len -= 1;
+    }
+
+    /// Visits every admitted entry.
+    pub fn for_each_admitted(&self, mut visit: impl FnMut(u32, &Entry)) {
+        for (index, entry) in self.entries.0.iter().enumerate() {
+            if entry.place == Place::Admitted {
+                visit(index as u32, entry);
+            }
+        }
+    }
+
+    /// Checks lists, heap, id index and free list against each other; panics on a violation.
+    pub fn check_invariants(&self) {
+        let entries = &self.entries.0;
+        for lane in Lane::ALL {
+            self.check_list(lane, self.lists[lane as usize]);
+        }
+        self.boosted.check_invariants(&self.entries, |index| entries[index as usize].heap_position);
+        assert_eq!(self.boosted.len() as u32, self.lane_len(Lane::Boosted), "heap/list size");
+        let mut free = 0;
+        let mut index = self.free_head;
+        while index != NIL {
+            assert_eq!(entries[index as usize].place, Place::Free, "free list holds a live entry");
+            free += 1;
+            index = entries[index as usize].next;
+        }
+        assert_eq!(free + self.live, self.capacity(), "free list + live != capacity");
+        assert_eq!(self.ids.len() as u32, self.live, "id index size");
+        for (index, entry) in entries.iter().enumerate() {
+            if entry.place != Place::Free {
+                assert_eq!(self.find(entry.id), Some(index as u32), "id {} not indexed", entry.id);
+            }
+        }
+    }
+
+    fn check_list(&self, lane: Lane, list: List) {
+        let entries = &self.entries.0;
+        let (mut count, mut prev, mut index) = (0, NIL, list.head);
+        while index != NIL {
+            let entry = &entries[index as usize];
+            assert_eq!(entry.place, Place::Queued(lane), "entry {index} in the wrong list");
+            assert_eq!(entry.prev, prev, "broken prev link at {index}");
+            if lane != Lane::Retry && prev != NIL {
+                assert!(entries[prev as usize].seq < entry.seq, "{lane:?} list out of order");
+            }
+            let in_heap = entry.heap_position != NOT_IN_HEAP;
+            assert_eq!(in_heap, lane == Lane::Boosted, "heap membership of entry {index}");
+            count += 1;
+            prev = index;
+            index = entry.next;
+        }
+        assert_eq!(list.tail, prev, "{lane:?} tail");
+        assert_eq!(list.len, count, "{lane:?} length");
+    }
+}

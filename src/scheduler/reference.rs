@@ -1,0 +1,466 @@
+//! A naive reference model of SPEC section 3, for property tests and fuzzing.
+//!
+//! It restates the rules with plain vectors and linear scans: no heap, no lists, no wheel, no
+//! index. Timers are deadlines checked on every input against the wheel's firing rule (a
+//! deadline `d` fires at `now` once `ceil(d / r) <= floor(now / r)` for the power-of-two
+//! resolution `r`). The tracker is the tracker's own linear-scan reference, which states the
+//! same CLOCK policy. [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
+//! compares every output.
+
+use crate::clock::Tick;
+
+use super::tracker::reference::SessionTracker;
+use super::{
+    Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Snapshot, Stats,
+};
+
+const NONE: u16 = u16::MAX;
+
+#[derive(Debug, Clone)]
+struct Queued {
+    id: u64,
+    session: Option<u64>,
+    seq: u64,
+    arrived_at: Tick,
+    lane: Lane,
+    completed_at: Tick,
+    boost_mark: u64,
+    deadline: Option<Tick>,
+    retry_order: u64,
+    prompt_tokens: u32,
+    streaming: bool,
+    retries: u8,
+    avoid: u16,
+}
+
+#[derive(Debug, Clone)]
+struct Admitted {
+    request: Queued,
+    backend: u16,
+    prefill_pending: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Backend {
+    healthy: bool,
+    ejected: bool,
+    ejected_at: Tick,
+    failures: u32,
+    waiting: Option<u32>,
+    scraped_at: Tick,
+    stale_deadline: Option<Tick>,
+}
+
+/// The reference scheduler.
+#[derive(Debug)]
+pub struct Reference {
+    p: Params,
+    resolution: Tick,
+    queued: Vec<Queued>,
+    admitted: Vec<Admitted>,
+    tracker: SessionTracker,
+    backends: Vec<Backend>,
+    /// (session, backend, deadline)
+    holds: Vec<(u64, u16, Tick)>,
+    boosted_admits: u64,
+    streak: u32,
+    cursor: u16,
+    next_seq: u64,
+    next_retry: u64,
+    shutting_down: bool,
+    stats: Stats,
+}
+
+impl Reference {
+    /// A reference scheduler for `params`.
+    pub fn new(params: Params) -> Reference {
+        let backend = Backend {
+            healthy: true,
+            ejected: false,
+            ejected_at: 0,
+            failures: 0,
+            waiting: None,
+            scraped_at: 0,
+            stale_deadline: None,
+        };
+        Reference {
+            resolution: params.timer_resolution.max(1).next_power_of_two(),
+            queued: Vec::new(),
+            admitted: Vec::new(),
+            tracker: SessionTracker::with_capacity(params.max_sessions as usize),
+            backends: vec![backend; usize::from(params.backends)],
+            holds: Vec::new(),
+            boosted_admits: 0,
+            streak: 0,
+            cursor: 0,
+            next_seq: 0,
+            next_retry: 0,
+            shutting_down: false,
+            stats: Stats::default(),
+            p: params,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Queued requests in `lane`.
+    pub fn depth(&self, lane: Lane) -> u32 {
+        self.queued.iter().filter(|q| q.lane == lane).count() as u32
+    }
+
+    /// Admitted requests on `backend`.
+    pub fn backend_inflight(&self, backend: u16) -> u32 {
+        self.admitted.iter().filter(|a| a.backend == backend).count() as u32
+    }
+
+    /// Prefill backlog of `backend`.
+    pub fn backend_prefill_tokens(&self, backend: u16) -> u64 {
+        self.prefill(backend)
+    }
+
+    /// The tick at which the earliest timer fires.
+    pub fn next_wakeup(&self) -> Option<Tick> {
+        let deadlines = self.queued.iter().filter_map(|q| q.deadline);
+        let holds = self.holds.iter().map(|hold| hold.2);
+        let stale = self.backends.iter().filter_map(|b| b.stale_deadline);
+        let r = self.resolution;
+        deadlines.chain(holds).chain(stale).min().map(|d| d.div_ceil(r).saturating_mul(r))
+    }
+
+    fn due(&self, deadline: Tick, now: Tick) -> bool {
+        deadline.div_ceil(self.resolution) <= now / self.resolution
+    }
+
+    /// Applies `input` at `now`.
+    pub fn handle(&mut self, now: Tick, input: Input, out: &mut Vec<Output>) {
+        self.fire(now, out);
+        match input {
+            Input::Arrive(arrival) => self.arrive(now, arrival, out),
+            Input::Cancel(id) => self.cancel(id),
+            Input::FirstByte(id) => self.first_byte(id),
+            Input::Complete { id, success } => self.complete(now, id, success),
+            Input::Retry(id) => self.retry(now, id, out),
+            Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
+            Input::Tick => {}
+            Input::Shutdown => self.shutdown(out),
+        }
+        self.admit(now, out);
+    }
+
+    fn fire(&mut self, now: Tick, out: &mut Vec<Output>) {
+        let mut index = 0;
+        while index < self.queued.len() {
+            if self.queued[index].deadline.is_some_and(|d| self.due(d, now)) {
+                let gone = self.queued.remove(index);
+                self.stats.timeouts += 1;
+                out.push(Output::Reject {
+                    id: RequestId(gone.id),
+                    reason: RejectReason::QueueTimeout,
+                });
+            } else {
+                index += 1;
+            }
+        }
+        let resolution = self.resolution;
+        self.holds.retain(|hold| hold.2.div_ceil(resolution) > now / resolution);
+        for b in 0..self.backends.len() {
+            if self.backends[b].stale_deadline.is_some_and(|d| self.due(d, now)) {
+                self.backends[b].stale_deadline = None;
+            }
+        }
+    }
+
+    fn arrive(&mut self, now: Tick, arrival: Arrival, out: &mut Vec<Output>) {
+        let id = arrival.id;
+        if self.shutting_down {
+            self.stats.rejected_shutdown += 1;
+            return out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
+        }
+        if self.queued.len() as u32 >= self.p.max_queued {
+            self.stats.rejected_full += 1;
+            return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
+        }
+        let completion =
+            arrival.session.filter(|_| self.p.boost).and_then(|s| self.tracker.lookup(s));
+        let mut request = Queued {
+            id: id.0,
+            session: arrival.session,
+            seq: self.next_seq,
+            arrived_at: now,
+            lane: Lane::Normal,
+            completed_at: 0,
+            boost_mark: self.boosted_admits,
+            deadline: self.p.queue_timeout.map(|t| now.saturating_add(t)),
+            retry_order: 0,
+            prompt_tokens: arrival.prompt_tokens,
+            streaming: arrival.streaming,
+            retries: 0,
+            avoid: NONE,
+        };
+        self.next_seq += 1;
+        if let Some(completion) = completion {
+            let session = arrival.session.unwrap_or_default();
+            let hold = self.holds.iter().position(|hold| hold.0 == session);
+            if let Some(hold) = hold.filter(|&h| self.usable(self.holds[h].1)) {
+                let (_, backend, _) = self.holds.remove(hold);
+                self.stats.grace_hits += 1;
+                return self.bind(now, request, backend, Lane::Boosted, true, out);
+            }
+            request.lane = Lane::Boosted;
+            request.completed_at = completion.at;
+        }
+        self.queued.push(request);
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        if let Some(index) = self.queued.iter().position(|q| q.id == id.0) {
+            self.queued.remove(index);
+            self.stats.cancelled += 1;
+        } else if let Some(index) = self.admitted.iter().position(|a| a.request.id == id.0) {
+            self.admitted.remove(index);
+        } else {
+            self.stats.stale_events += 1;
+        }
+    }
+
+    fn find_admitted(&mut self, id: RequestId) -> Option<usize> {
+        let found = self.admitted.iter().position(|a| a.request.id == id.0);
+        if found.is_none() {
+            self.stats.stale_events += 1;
+        }
+        found
+    }
+
+    fn first_byte(&mut self, id: RequestId) {
+        if let Some(index) = self.find_admitted(id) {
+            let backend = self.admitted[index].backend;
+            self.backends[usize::from(backend)].failures = 0;
+            self.admitted[index].prefill_pending = false;
+        }
+    }
+
+    fn complete(&mut self, now: Tick, id: RequestId, success: bool) {
+        let Some(index) = self.find_admitted(id) else { return };
+        let done = self.admitted.remove(index);
+        if !success {
+            return;
+        }
+        let backend = done.backend;
+        self.backends[usize::from(backend)].failures = 0;
+        let Some(session) = done.request.session else { return };
+        self.tracker.complete(session, now, backend);
+        let grace_on = self.p.boost && self.p.grace_period > 0;
+        let held = self.holds.iter().any(|hold| hold.0 == session);
+        let slots = self.backend_inflight(backend) + self.holds_on(backend);
+        if grace_on
+            && !self.shutting_down
+            && !held
+            && self.usable(backend)
+            && slots < self.p.inflight_per_backend
+        {
+            self.holds.push((session, backend, now.saturating_add(self.p.grace_period)));
+            self.stats.grace_holds += 1;
+        }
+    }
+
+    fn retry(&mut self, now: Tick, id: RequestId, out: &mut Vec<Output>) {
+        let Some(index) = self.find_admitted(id) else { return };
+        let failed = self.admitted.remove(index);
+        let state = &mut self.backends[usize::from(failed.backend)];
+        state.failures += 1;
+        let limit = self.p.eject_after_failures;
+        if limit > 0 && state.failures >= limit && !state.ejected {
+            state.ejected = true;
+            state.ejected_at = now;
+            self.stats.ejections += 1;
+        }
+        let reason = if self.shutting_down {
+            self.stats.rejected_shutdown += 1;
+            Some(RejectReason::ShuttingDown)
+        } else if u32::from(failed.request.retries) >= self.p.max_retries {
+            self.stats.retries_exhausted += 1;
+            Some(RejectReason::RetriesExhausted)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return out.push(Output::Reject { id, reason });
+        }
+        self.stats.retries += 1;
+        let mut request = failed.request;
+        request.retries += 1;
+        request.lane = Lane::Retry;
+        request.avoid = failed.backend;
+        request.retry_order = self.next_retry;
+        self.next_retry += 1;
+        request.deadline = self.p.queue_timeout.map(|t| now.saturating_add(t));
+        self.queued.push(request);
+    }
+
+    fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+        let stale_after = self.p.metrics_stale_after;
+        let state = &mut self.backends[usize::from(backend)];
+        state.healthy = snapshot.healthy;
+        if snapshot.healthy && state.ejected && snapshot.scraped_at > state.ejected_at {
+            state.ejected = false;
+            state.failures = 0;
+        }
+        state.waiting = snapshot.waiting;
+        state.scraped_at = snapshot.scraped_at;
+        let stale_at = snapshot.scraped_at.saturating_add(stale_after);
+        let positive = snapshot.waiting.is_some_and(|w| w > 0);
+        state.stale_deadline = (positive && stale_at > now).then_some(stale_at);
+    }
+
+    fn shutdown(&mut self, out: &mut Vec<Output>) {
+        self.shutting_down = true;
+        for gone in self.queued.drain(..) {
+            self.stats.rejected_shutdown += 1;
+            out.push(Output::Reject { id: RequestId(gone.id), reason: RejectReason::ShuttingDown });
+        }
+        self.holds.clear();
+    }
+
+    fn usable(&self, backend: u16) -> bool {
+        let state = &self.backends[usize::from(backend)];
+        state.healthy && !state.ejected
+    }
+
+    fn holds_on(&self, backend: u16) -> u32 {
+        self.holds.iter().filter(|hold| hold.1 == backend).count() as u32
+    }
+
+    fn prefill(&self, backend: u16) -> u64 {
+        let pending = self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending);
+        pending.map(|a| u64::from(a.request.prompt_tokens)).sum()
+    }
+
+    fn fresh_waiting(&self, backend: u16, now: Tick) -> Option<u32> {
+        let state = &self.backends[usize::from(backend)];
+        let fresh = now < state.scraped_at.saturating_add(self.p.metrics_stale_after);
+        if fresh {
+            state.waiting
+        } else {
+            None
+        }
+    }
+
+    fn eligible(&self, backend: u16, now: Tick) -> bool {
+        let budget = self.p.prefill_tokens_per_backend;
+        self.usable(backend)
+            && self.backend_inflight(backend) + self.holds_on(backend) < self.p.inflight_per_backend
+            && self.fresh_waiting(backend, now).unwrap_or(0) == 0
+            && (budget == 0 || self.prefill(backend) < budget)
+    }
+
+    fn admit(&mut self, now: Tick, out: &mut Vec<Output>) {
+        loop {
+            let usable = (0..self.p.backends).filter(|&b| self.usable(b)).count() as u64;
+            let occupied = (self.admitted.len() + self.holds.len()) as u64;
+            let room = occupied < u64::from(self.p.inflight_per_backend) * usable;
+            let any = (0..self.p.backends).any(|b| self.eligible(b, now));
+            if self.queued.is_empty() || !room || !any {
+                return;
+            }
+            self.force_oldest();
+            let index = self.pick();
+            let request = self.queued.remove(index);
+            let (backend, affinity) = self.choose(&request, now);
+            let lane = request.lane;
+            self.bind(now, request, backend, lane, affinity, out);
+        }
+    }
+
+    fn force_oldest(&mut self) {
+        let bound = u64::from(self.p.max_overtakes);
+        let oldest = (0..self.queued.len())
+            .filter(|&i| self.queued[i].lane == Lane::Boosted)
+            .min_by_key(|&i| self.queued[i].seq);
+        if let Some(i) = oldest {
+            if bound > 0 && self.boosted_admits - self.queued[i].boost_mark >= bound {
+                self.queued[i].lane = Lane::Forced;
+                self.stats.forced += 1;
+            }
+        }
+    }
+
+    fn pick(&self) -> usize {
+        let normal_due = self.p.boosted_streak_max > 0 && self.streak >= self.p.boosted_streak_max;
+        let order = if normal_due {
+            [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
+        } else {
+            [Lane::Retry, Lane::Forced, Lane::Boosted, Lane::Normal]
+        };
+        for lane in order {
+            let in_lane = (0..self.queued.len()).filter(|&i| self.queued[i].lane == lane);
+            let q = &self.queued;
+            let best = match lane {
+                Lane::Retry => in_lane.min_by_key(|&i| q[i].retry_order),
+                Lane::Boosted => in_lane.min_by_key(|&i| (u64::MAX - q[i].completed_at, q[i].seq)),
+                Lane::Forced | Lane::Normal => in_lane.min_by_key(|&i| q[i].seq),
+            };
+            if let Some(index) = best {
+                return index;
+            }
+        }
+        unreachable!("pick on an empty queue")
+    }
+
+    fn choose(&mut self, request: &Queued, now: Tick) -> (u16, bool) {
+        let home = request.session.and_then(|s| self.tracker.lookup(s)).map_or(NONE, |c| c.backend);
+        let avoid = request.avoid;
+        let routing = self.p.routing;
+        if routing == Routing::SessionAffinity
+            && home != NONE
+            && home != avoid
+            && self.eligible(home, now)
+        {
+            return (home, true);
+        }
+        let count = self.p.backends;
+        let candidates: Vec<u16> = (0..count)
+            .map(|step| (self.cursor + step) % count)
+            .filter(|&b| b != avoid && self.eligible(b, now))
+            .collect();
+        let rotated = match routing {
+            Routing::RoundRobin => candidates.first().copied(),
+            _ => candidates.iter().copied().min_by_key(|&b| {
+                (self.backend_inflight(b), self.fresh_waiting(b, now).unwrap_or(0))
+            }),
+        };
+        let pick = rotated.unwrap_or(avoid);
+        self.cursor = (pick + 1) % count;
+        (pick, pick == home)
+    }
+
+    fn bind(
+        &mut self,
+        now: Tick,
+        request: Queued,
+        backend: u16,
+        lane: Lane,
+        affinity: bool,
+        out: &mut Vec<Output>,
+    ) {
+        self.stats.admitted[lane as usize] += 1;
+        let normal_waiting = self.queued.iter().any(|q| q.lane == Lane::Normal);
+        match lane {
+            Lane::Boosted => {
+                self.boosted_admits += 1;
+                self.streak = if normal_waiting { self.streak + 1 } else { 0 };
+            }
+            Lane::Forced => self.boosted_admits += 1,
+            Lane::Normal => self.streak = 0,
+            Lane::Retry => {}
+        }
+        self.stats.affinity_hits += u64::from(affinity);
+        let id = RequestId(request.id);
+        let waited = now - request.arrived_at;
+        let prefill_pending = request.streaming && self.p.prefill_tokens_per_backend > 0;
+        self.admitted.push(Admitted { request, backend, prefill_pending });
+        out.push(Output::Admit { id, backend, lane, waited, affinity });
+    }
+}

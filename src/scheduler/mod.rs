@@ -265,6 +265,8 @@ pub struct Scheduler {
     tracker: SessionTracker,
     wheel: TimerWheel<Timer>,
     backends: Vec<Backend>,
+    /// Per backend, whether it passed the gates in this admission round (scratch).
+    eligible: Vec<bool>,
     /// Grace holds by session; one per session at most.
     holds: HashMap<u64, Hold>,
     holds_max: usize,
@@ -307,6 +309,7 @@ impl Scheduler {
             tracker: SessionTracker::with_capacity(params.max_sessions as usize),
             wheel: TimerWheel::new(timers, params.timer_resolution.max(1), now),
             backends: vec![Backend::NEW; usize::from(params.backends)],
+            eligible: vec![false; usize::from(params.backends)],
             holds: HashMap::with_capacity(holds_max),
             holds_max,
             inflight: 0,
@@ -498,7 +501,7 @@ impl Scheduler {
     }
 
     fn cancel(&mut self, id: RequestId) {
-        let Some(index) = self.queue.find(id.0) else {
+        let Some(index) = self.queue.unindex(id.0, |_| true) else {
             self.stats.stale_events += 1;
             return;
         };
@@ -508,7 +511,7 @@ impl Scheduler {
             self.unqueue(index);
             self.stats.cancelled += 1;
         }
-        self.queue.free(index);
+        self.queue.release(index);
     }
 
     /// The admitted entry of `id`, or `None` (counted as a stale event).
@@ -532,10 +535,13 @@ impl Scheduler {
     }
 
     fn complete(&mut self, now: Tick, id: RequestId, success: bool) {
-        let Some(index) = self.admitted(id) else { return };
+        let Some(index) = self.queue.unindex(id.0, |entry| entry.place == Place::Admitted) else {
+            self.stats.stale_events += 1;
+            return;
+        };
         let entry = *self.queue.get(index);
         self.release_slot(index);
-        self.queue.free(index);
+        self.queue.release(index);
         if !success {
             return;
         }
@@ -666,7 +672,10 @@ impl Scheduler {
 
     /// S6: admits queued requests while a backend is eligible.
     fn admit_ready(&mut self, now: Tick, out: &mut Vec<Output>) {
-        while self.queue.queued() > 0 && self.model_has_room() && self.any_eligible(now) {
+        while self.queue.queued() > 0
+            && self.model_has_room()
+            && self.gates.evaluate(&self.backends, now, &mut self.eligible)
+        {
             self.promote_overtaken();
             let (index, lane) = self.next_in_order();
             let entry = *self.queue.get(index);
@@ -675,6 +684,7 @@ impl Scheduler {
             let (backend, affinity) = policy::choose(
                 self.params.routing,
                 &self.backends,
+                &self.eligible,
                 &self.gates,
                 now,
                 home,
@@ -691,10 +701,6 @@ impl Scheduler {
     fn model_has_room(&self) -> bool {
         let capacity = u64::from(self.params.inflight_per_backend) * u64::from(self.usable);
         u64::from(self.inflight + self.held) < capacity
-    }
-
-    fn any_eligible(&self, now: Tick) -> bool {
-        self.backends.iter().any(|backend| self.gates.eligible(backend, now))
     }
 
     /// S4: before an admission, force the oldest boosted request once it has been overtaken

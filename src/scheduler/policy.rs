@@ -98,26 +98,40 @@ impl Gates {
     }
 }
 
-/// Chooses a backend among the eligible ones, never `avoid` unless it is the only one.
+impl Gates {
+    /// Fills `eligible[b]` for every backend at `now`; returns whether any is eligible. One pass
+    /// per admission: [`choose`] then reads the flags instead of re-evaluating the gates.
+    pub fn evaluate(&self, backends: &[Backend], now: Tick, eligible: &mut [bool]) -> bool {
+        let mut any = false;
+        for (flag, backend) in eligible.iter_mut().zip(backends) {
+            *flag = self.eligible(backend, now);
+            any |= *flag;
+        }
+        any
+    }
+}
+
+/// Chooses a backend among the `eligible` ones, never `avoid` unless it is the only one.
 /// `home` is the session's last backend (or [`NO_BACKEND`]). Returns the backend and whether it
 /// was the session's home. `cursor` is the rotation point, advanced past a rotated choice.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn choose(
     routing: Routing,
     backends: &[Backend],
+    eligible: &[bool],
     gates: &Gates,
     now: Tick,
     home: u16,
     avoid: u16,
     cursor: &mut u16,
 ) -> Option<(u16, bool)> {
-    let eligible = |index: u16| gates.eligible(&backends[index as usize], now);
-    if routing == Routing::SessionAffinity && home != NO_BACKEND && home != avoid && eligible(home)
-    {
+    let is_eligible = |index: u16| eligible.get(usize::from(index)).copied().unwrap_or(false);
+    if routing == Routing::SessionAffinity && home != avoid && is_eligible(home) {
         return Some((home, true));
     }
-    let pick = rotate(routing, backends, gates, now, avoid, *cursor)
-        .or_else(|| (avoid != NO_BACKEND && eligible(avoid)).then_some(avoid))?;
-    *cursor = ((pick as usize + 1) % backends.len()) as u16;
+    let pick = rotate(routing, backends, eligible, gates, now, avoid, *cursor)
+        .or_else(|| is_eligible(avoid).then_some(avoid))?;
+    *cursor = if usize::from(pick) + 1 == backends.len() { 0 } else { pick + 1 };
     Some((pick, pick == home))
 }
 
@@ -126,6 +140,7 @@ pub(crate) fn choose(
 fn rotate(
     routing: Routing,
     backends: &[Backend],
+    eligible: &[bool],
     gates: &Gates,
     now: Tick,
     avoid: u16,
@@ -133,19 +148,20 @@ fn rotate(
 ) -> Option<u16> {
     let count = backends.len();
     let mut best: Option<(u16, (u32, u32))> = None;
-    for step in 0..count {
-        let index = ((cursor as usize + step) % count) as u16;
-        let backend = &backends[index as usize];
-        if index == avoid || !gates.eligible(backend, now) {
-            continue;
+    let mut index = usize::from(cursor);
+    for _ in 0..count {
+        if index as u16 != avoid && eligible[index] {
+            if routing == Routing::RoundRobin {
+                return Some(index as u16);
+            }
+            let backend = &backends[index];
+            let waiting = backend.fresh_waiting(now, gates.stale_after).unwrap_or(0);
+            let load = (backend.inflight, waiting);
+            if best.is_none_or(|(_, best_load)| load < best_load) {
+                best = Some((index as u16, load));
+            }
         }
-        if routing == Routing::RoundRobin {
-            return Some(index);
-        }
-        let load = (backend.inflight, backend.fresh_waiting(now, gates.stale_after).unwrap_or(0));
-        if best.is_none_or(|(_, best_load)| load < best_load) {
-            best = Some((index, load));
-        }
+        index = if index + 1 == count { 0 } else { index + 1 };
     }
     best.map(|(index, _)| index)
 }

@@ -200,17 +200,33 @@ impl Queue {
         index
     }
 
-    /// Returns an entry that is in no lane to the free list.
+    /// Finds the entry of `id` and, if `keep` accepts it, drops `id` from the index in the same
+    /// probe; the entry stays allocated until [`Queue::release`].
+    pub fn unindex(&mut self, id: u64, keep: impl Fn(&Entry) -> bool) -> Option<u32> {
+        let entries = &self.entries.0;
+        let found = self.ids.find_entry(hash_id(id), |&i| entries[i as usize].id == id).ok()?;
+        let index = *found.get();
+        if !keep(&entries[index as usize]) {
+            return None;
+        }
+        found.remove();
+        Some(index)
+    }
+
+    /// Returns an entry that is in no lane to the free list, dropping its id from the index.
     pub fn free(&mut self, index: u32) {
         let id = self.get(index).id;
-        debug_assert!(!matches!(self.get(index).place, Place::Queued(_)), "freeing a queued entry");
-        let entries = &self.entries.0;
-        match self.ids.find_entry(hash_id(id), |&i| entries[i as usize].id == id) {
-            Ok(found) => {
-                found.remove();
-            }
-            Err(_) => panic!("freeing entry {index} whose id {id} is not indexed"),
-        }
+        let unindexed = self.unindex(id, |_| true);
+        assert_eq!(unindexed, Some(index), "freeing entry {index} whose id {id} is not indexed");
+        self.release(index);
+    }
+
+    /// Returns an entry already dropped from the index (by [`Queue::unindex`]) to the free list.
+    pub fn release(&mut self, index: u32) {
+        debug_assert!(
+            !matches!(self.get(index).place, Place::Queued(_)),
+            "releasing a queued entry"
+        );
         let free_head = self.free_head;
         let entry = self.get_mut(index);
         *entry = Entry::FREE;

@@ -8,7 +8,6 @@
 
 use crate::clock::Tick;
 
-use super::queue::NO_BACKEND;
 use super::wheel::TimerKey;
 
 /// How a model picks the backend of an admitted request (SPEC S7).
@@ -112,7 +111,7 @@ impl Gates {
 }
 
 /// Chooses a backend among the `eligible` ones, never `avoid` unless it is the only one.
-/// `home` is the session's last backend (or [`NO_BACKEND`]). Returns the backend and whether it
+/// `home` is the session's last backend (or `NO_BACKEND`). Returns the backend and whether it
 /// was the session's home. `cursor` is the rotation point, advanced past a rotated choice.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn choose(

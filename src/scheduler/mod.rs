@@ -241,8 +241,6 @@ const EXPIRED_BATCH: usize = 1024;
 /// A timer's purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    /// Queue deadline of an arena entry.
-    Deadline(u32),
     /// End of the grace hold of a session.
     GraceEnd(u64),
     /// A backend's positive waiting gauge goes stale.
@@ -298,7 +296,7 @@ impl Scheduler {
         let arena = u64::from(params.max_queued) + slots;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         let holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
-        let timers = arena as usize + holds_max + usize::from(params.backends);
+        let timers = holds_max + usize::from(params.backends);
         Scheduler {
             gates: Gates {
                 inflight_per_backend: params.inflight_per_backend,
@@ -345,7 +343,15 @@ impl Scheduler {
 
     /// The tick at which the next timer fires, for the thread to sleep until.
     pub fn next_wakeup(&self) -> Option<Tick> {
-        self.wheel.next_fire()
+        let resolution = self.wheel.resolution();
+        let deadline = self
+            .queue
+            .earliest_deadline()
+            .map(|(_, deadline)| deadline.div_ceil(resolution).saturating_mul(resolution));
+        match (deadline, self.wheel.next_fire()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Counters.
@@ -409,21 +415,25 @@ impl Scheduler {
     }
 
     fn fire_timers(&mut self, now: Tick, out: &mut Vec<Output>) {
+        let resolution = self.wheel.resolution();
+        while let Some((index, deadline)) = self.queue.earliest_deadline() {
+            // The wheel's rule, so that deadlines and wheel timers fire alike.
+            if deadline.div_ceil(resolution) > now / resolution {
+                break;
+            }
+            let id = RequestId(self.queue.get(index).id);
+            self.unqueue(index);
+            self.queue.free(index);
+            self.stats.timeouts += 1;
+            out.push(Output::Reject { id, reason: RejectReason::QueueTimeout });
+        }
+        if self.wheel.is_empty() {
+            return;
+        }
         let mut expired = std::mem::take(&mut self.expired);
         self.wheel.poll(now, &mut expired);
         for &(_, timer) in &expired {
             match timer {
-                Timer::Deadline(index) => {
-                    let id = self.queue.get(index).id;
-                    self.queue.get_mut(index).timer = None;
-                    self.queue.dequeue(index);
-                    self.queue.free(index);
-                    self.stats.timeouts += 1;
-                    out.push(Output::Reject {
-                        id: RequestId(id),
-                        reason: RejectReason::QueueTimeout,
-                    });
-                }
                 Timer::GraceEnd(session) => {
                     let hold = self.holds.remove(&session).expect("grace timer without its hold");
                     self.release_hold(hold.backend);
@@ -437,7 +447,8 @@ impl Scheduler {
 
     fn arrive(&mut self, now: Tick, arrival: Arrival, out: &mut Vec<Output>) {
         let id = arrival.id;
-        assert!(self.queue.find(id.0).is_none(), "request id {} arrived twice", id.0);
+        // Ids are unique by contract (the shards make them so); checked where checks are free.
+        debug_assert!(self.queue.find(id.0).is_none(), "request id {} arrived twice", id.0);
         if self.shutting_down {
             self.stats.rejected_shutdown += 1;
             return out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
@@ -487,16 +498,13 @@ impl Scheduler {
 
     fn arm_deadline(&mut self, now: Tick, index: u32) {
         if let Some(timeout) = self.params.queue_timeout {
-            let key = self.wheel.insert(now.saturating_add(timeout), Timer::Deadline(index));
-            self.queue.get_mut(index).timer = Some(key);
+            self.queue.arm_deadline(index, now.saturating_add(timeout));
         }
     }
 
     /// Takes a queued entry out of its lane and disarms its deadline.
     fn unqueue(&mut self, index: u32) -> Lane {
-        if let Some(key) = self.queue.get_mut(index).timer.take() {
-            self.wheel.cancel(key);
-        }
+        self.queue.disarm_deadline(index);
         self.queue.dequeue(index)
     }
 
@@ -678,9 +686,10 @@ impl Scheduler {
         {
             self.promote_overtaken();
             let (index, lane) = self.next_in_order();
-            let entry = *self.queue.get(index);
-            let home = self.home_of(&entry);
-            let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
+            let entry = self.queue.get(index);
+            let (session, failed) = (entry.has_session.then_some(entry.session), entry.backend);
+            let home = self.home_of(session);
+            let avoid = if lane == Lane::Retry { failed } else { NO_BACKEND };
             let (backend, affinity) = policy::choose(
                 self.params.routing,
                 &self.backends,
@@ -730,11 +739,9 @@ impl Scheduler {
     }
 
     /// The session's last backend, when the tracker remembers it.
-    fn home_of(&self, entry: &Entry) -> u16 {
-        if !entry.has_session {
-            return NO_BACKEND;
-        }
-        self.tracker.lookup(entry.session).map_or(NO_BACKEND, |completion| completion.backend)
+    fn home_of(&self, session: Option<u64>) -> u16 {
+        let completion = session.and_then(|session| self.tracker.lookup(session));
+        completion.map_or(NO_BACKEND, |completion| completion.backend)
     }
 
     /// Admits the (already unqueued) entry `index` to `backend`.
@@ -781,16 +788,17 @@ impl Scheduler {
 
     /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
     fn release_slot(&mut self, index: u32) {
-        let entry = *self.queue.get(index);
-        let state = &mut self.backends[usize::from(entry.backend)];
-        state.inflight -= 1;
-        if entry.prefill_pending {
-            state.prefill_tokens -= u64::from(entry.prompt_tokens);
-        }
-        self.inflight -= 1;
         let entry = self.queue.get_mut(index);
+        let (backend, pending, tokens) =
+            (entry.backend, entry.prefill_pending, entry.prompt_tokens);
         entry.place = Place::Free;
         entry.prefill_pending = false;
+        let state = &mut self.backends[usize::from(backend)];
+        state.inflight -= 1;
+        if pending {
+            state.prefill_tokens -= u64::from(tokens);
+        }
+        self.inflight -= 1;
     }
 
     /// Checks every structure and the accounting of S14; panics on a violation.
@@ -822,9 +830,9 @@ impl Scheduler {
         let usable = self.backends.iter().filter(|backend| backend.usable()).count();
         assert_eq!(usize::from(self.usable), usable, "usable backend count");
         let deadlines = if self.params.queue_timeout.is_some() { self.queue.queued() } else { 0 };
+        assert_eq!(self.queue.deadlines_armed(), deadlines, "armed queue deadlines");
         let stale = self.backends.iter().filter(|backend| backend.stale_timer.is_some()).count();
-        let timers = deadlines as usize + self.holds.len() + stale;
-        assert_eq!(self.wheel.len(), timers, "timer count");
+        assert_eq!(self.wheel.len(), self.holds.len() + stale, "timer count");
         assert!(self.queue.queued() <= self.params.max_queued + self.inflight_capacity());
         if self.shutting_down {
             assert_eq!(self.queue.queued(), 0, "queued requests after shutdown");

@@ -26,6 +26,8 @@ use crate::clock::Tick;
 pub(crate) const NIL: u32 = u32::MAX;
 /// No backend.
 pub(crate) const NO_BACKEND: u16 = u16::MAX;
+/// An entry without a queue deadline.
+pub(crate) const NO_DEADLINE: Tick = Tick::MAX;
 
 /// Where an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,10 +49,13 @@ pub(crate) struct Entry {
     pub arrived_at: Tick,
     /// Boosted admissions counted when this request arrived (S4).
     pub boost_mark: u64,
-    /// The queue-deadline timer while queued with a deadline.
-    pub timer: Option<super::wheel::TimerKey>,
+    /// Queue deadline while queued with one, else [`NO_DEADLINE`].
+    pub deadline: Tick,
     pub prev: u32,
     pub next: u32,
+    /// Links of the deadline list (enqueue order).
+    pub deadline_prev: u32,
+    pub deadline_next: u32,
     pub heap_position: u32,
     /// Estimated prompt tokens (body bytes / 4), for the prefill backlog (S6.3).
     pub prompt_tokens: u32,
@@ -71,9 +76,11 @@ impl Entry {
         seq: 0,
         arrived_at: 0,
         boost_mark: 0,
-        timer: None,
+        deadline: NO_DEADLINE,
         prev: NIL,
         next: NIL,
+        deadline_prev: NIL,
+        deadline_next: NIL,
         heap_position: NOT_IN_HEAP,
         prompt_tokens: 0,
         backend: NO_BACKEND,
@@ -130,6 +137,8 @@ pub(crate) struct Queue {
     ids: HashTable<u32>,
     /// One list per lane, indexed by `Lane as usize`; the boosted one is in arrival order.
     lists: [List; 4],
+    /// Queued entries with a deadline, in enqueue (= deadline) order.
+    deadlines: List,
     boosted: IndexedHeap,
     live: u32,
 }
@@ -156,6 +165,7 @@ impl Queue {
             free_head: 0,
             ids: HashTable::with_capacity(capacity as usize),
             lists: [List::EMPTY; 4],
+            deadlines: List::EMPTY,
             boosted: IndexedHeap::with_capacity(capacity as usize),
             live: 0,
         }
@@ -284,6 +294,52 @@ impl Queue {
         lane
     }
 
+    /// Arms the deadline of queued entry `index`; deadlines must not decrease across calls.
+    pub fn arm_deadline(&mut self, index: u32, deadline: Tick) {
+        let tail = self.deadlines.tail;
+        debug_assert!(tail == NIL || self.get(tail).deadline <= deadline, "deadline out of order");
+        let entries = &mut self.entries.0;
+        entries[index as usize].deadline = deadline;
+        entries[index as usize].deadline_prev = tail;
+        entries[index as usize].deadline_next = NIL;
+        if tail == NIL {
+            self.deadlines.head = index;
+        } else {
+            entries[tail as usize].deadline_next = index;
+        }
+        self.deadlines.tail = index;
+        self.deadlines.len += 1;
+    }
+
+    /// Disarms the deadline of `index`, if it has one.
+    pub fn disarm_deadline(&mut self, index: u32) {
+        let entries = &mut self.entries.0;
+        let Entry { deadline, deadline_prev: prev, deadline_next: next, .. } =
+            entries[index as usize];
+        if deadline == NO_DEADLINE {
+            return;
+        }
+        if prev == NIL {
+            self.deadlines.head = next;
+        } else {
+            entries[prev as usize].deadline_next = next;
+        }
+        if next == NIL {
+            self.deadlines.tail = prev;
+        } else {
+            entries[next as usize].deadline_prev = prev;
+        }
+        let entry = &mut entries[index as usize];
+        (entry.deadline, entry.deadline_prev, entry.deadline_next) = (NO_DEADLINE, NIL, NIL);
+        self.deadlines.len -= 1;
+    }
+
+    /// The queued entry with the earliest deadline, and that deadline.
+    pub fn earliest_deadline(&self) -> Option<(u32, Tick)> {
+        let head = self.deadlines.head;
+        (head != NIL).then(|| (head, self.get(head).deadline))
+    }
+
     /// Moves a boosted request to the forced lane (S4).
     pub fn force(&mut self, index: u32) {
         let lane = self.dequeue(index);
@@ -337,6 +393,7 @@ impl Queue {
         }
         self.boosted.check_invariants(&self.entries, |index| entries[index as usize].heap_position);
         assert_eq!(self.boosted.len() as u32, self.lane_len(Lane::Boosted), "heap/list size");
+        self.check_deadlines();
         let mut free = 0;
         let mut index = self.free_head;
         while index != NIL {
@@ -351,6 +408,34 @@ impl Queue {
                 assert_eq!(self.find(entry.id), Some(index as u32), "id {} not indexed", entry.id);
             }
         }
+    }
+
+    fn check_deadlines(&self) {
+        let entries = &self.entries.0;
+        let (mut count, mut prev, mut index) = (0, NIL, self.deadlines.head);
+        while index != NIL {
+            let entry = &entries[index as usize];
+            assert!(matches!(entry.place, Place::Queued(_)), "deadline of an unqueued entry");
+            assert_eq!(entry.deadline_prev, prev, "broken deadline link at {index}");
+            if prev != NIL {
+                assert!(
+                    entries[prev as usize].deadline <= entry.deadline,
+                    "deadlines out of order"
+                );
+            }
+            count += 1;
+            prev = index;
+            index = entry.deadline_next;
+        }
+        assert_eq!(self.deadlines.tail, prev, "deadline list tail");
+        assert_eq!(self.deadlines.len, count, "deadline list length");
+        let armed = entries.iter().filter(|entry| entry.deadline != NO_DEADLINE).count();
+        assert_eq!(armed as u32, count, "armed deadlines outside the list");
+    }
+
+    /// Queued entries with a deadline.
+    pub fn deadlines_armed(&self) -> u32 {
+        self.deadlines.len
     }
 
     fn check_list(&self, lane: Lane, list: List) {

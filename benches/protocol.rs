@@ -1,0 +1,102 @@
+//! Benchmarks of the sans-IO HTTP/1.1 layer (`warmpath::protocol`).
+//!
+//! Dimensions:
+//! - `find_model` on OpenAI chat bodies of about 1 KiB, 64 KiB and 512 KiB (a conversation of
+//!   user and assistant turns with escapes and non-ASCII text, `"model"` after `"messages"` so
+//!   the whole body is scanned either way), against the baseline
+//!   `serde_json::from_slice::<serde_json::Value>` + lookup, which is what a router that parses
+//!   the body pays;
+//! - `rewrite_model` on the same bodies (one copy of the body);
+//! - `parse_request_head` on a typical 9-header request head (about 330 bytes);
+//! - `chunked_decode`: a 64 KiB body in 4 KiB chunks.
+//!
+//! Throughput is reported in bytes, so the figures compare to memory bandwidth.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use warmpath::protocol::{
+    find_model, parse_request_head, rewrite_model, ChunkedDecoder, ChunkedEncoder, Limits, Side,
+};
+
+/// A chat body of at least `bytes` bytes.
+fn chat_body(bytes: usize) -> Vec<u8> {
+    let turn = r#"{"role":"user","content":"Explain the \"prefix cache\" of an inference engine.\nKeep it short; ünïcödé ok."},{"role":"assistant","content":"Blocks of KV state keyed by token prefix, reused when a prompt repeats. \u00e9\t42"},"#;
+    let mut body = String::from(r#"{"messages":["#);
+    while body.len() + turn.len() < bytes.saturating_sub(120) {
+        body.push_str(turn);
+    }
+    body.push_str(r#"{"role":"user","content":"next"}],"metadata":{"model":"nested"},"#);
+    body.push_str(r#""stream":true,"max_tokens":256,"temperature":0.7,"model":"llama-3-8b"}"#);
+    body.into_bytes()
+}
+
+fn model(c: &mut Criterion) {
+    let mut group = c.benchmark_group("protocol/find_model");
+    for size in [1 << 10, 64 << 10, 512 << 10] {
+        let body = chat_body(size);
+        assert_eq!(find_model(&body).unwrap().value, "llama-3-8b");
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::new("scan", size), &body, |b, body| {
+            b.iter(|| find_model(black_box(body)).map(|f| f.token.start));
+        });
+        group.bench_with_input(BenchmarkId::new("serde_json_value", size), &body, |b, body| {
+            b.iter(|| {
+                let v: serde_json::Value = serde_json::from_slice(black_box(body)).unwrap();
+                v.get("model").and_then(|m| m.as_str()).map(str::len)
+            });
+        });
+        let mut out = Vec::with_capacity(body.len() + 64);
+        group.bench_with_input(BenchmarkId::new("rewrite", size), &body, |b, body| {
+            let field = find_model(body).unwrap();
+            b.iter(|| {
+                out.clear();
+                rewrite_model(
+                    black_box(body),
+                    &field,
+                    "meta-llama/Meta-Llama-3-8B-Instruct",
+                    &mut out,
+                );
+                out.len()
+            });
+        });
+    }
+    group.finish();
+}
+
+fn head(c: &mut Criterion) {
+    let head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: router.internal:8080\r\n\
+User-Agent: OpenAI/Python 1.40.0\r\nAccept: application/json\r\nContent-Type: application/json\r\n\
+Authorization: Bearer sk-0123456789abcdef0123456789abcdef\r\nX-Session-ID: 7f3c9a0e-4b1d-4c2e-9f6a-123456789abc\r\n\
+X-Request-ID: req-000001\r\nContent-Length: 1024\r\nConnection: keep-alive\r\n\r\n";
+    let limits = Limits::default();
+    let mut group = c.benchmark_group("protocol/parse_request_head");
+    group.throughput(Throughput::Bytes(head.len() as u64));
+    group.bench_function("typical", |b| {
+        b.iter(|| parse_request_head(black_box(head), &limits).unwrap().map(|h| h.head_len));
+    });
+    group.finish();
+}
+
+fn chunked(c: &mut Criterion) {
+    let data = chat_body(64 << 10);
+    let mut encoded = Vec::new();
+    for piece in data.chunks(4096) {
+        ChunkedEncoder::chunk(piece, &mut encoded);
+    }
+    ChunkedEncoder::finish(&mut encoded);
+    let limits = Limits::default().chunked();
+    let mut out = Vec::with_capacity(data.len());
+    let mut group = c.benchmark_group("protocol/chunked_decode");
+    group.throughput(Throughput::Bytes(encoded.len() as u64));
+    group.bench_function("64KiB_in_4KiB_chunks", |b| {
+        b.iter(|| {
+            out.clear();
+            let mut decoder = ChunkedDecoder::new(limits, Side::Downstream);
+            decoder.feed(black_box(&encoded), &mut out).unwrap().consumed
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, model, head, chunked);
+criterion_main!(benches);

@@ -1,0 +1,139 @@
+//! The request head sent to a backend (SPEC 2.6, RFC 9110 section 7.6).
+//!
+//! Same method and target, always `HTTP/1.1` (the router's upstream connections are persistent
+//! HTTP/1.1 whatever the client spoke), every header line in its original order and spelling
+//! except:
+//! - hop-by-hop fields (`Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
+//!   `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authorization`,
+//!   `Proxy-Authenticate`);
+//! - `Content-Length`, written anew with the length of the body actually sent (decoded from
+//!   chunks, possibly rewritten): upstream bodies are always sent with a length;
+//! - `Expect`: the router has read the whole body before forwarding, so a backend's
+//!   `100 Continue` would only be noise.
+//!
+//! `Host` is kept (and added, as `ForwardInfo::default_host`, for an HTTP/1.0 client that sent
+//! none, since the forwarded request is HTTP/1.1). The client address is appended to the last `X-Forwarded-For` line (or a line
+//! is added), and `X-Request-ID` is added when the client sent none.
+
+use std::io::Write;
+use std::net::IpAddr;
+
+use super::request::{Framing, RequestHead};
+use super::{is_hop_by_hop, write_decimal, write_header};
+
+/// What the router adds to a forwarded request.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardInfo<'a> {
+    /// The client's address, appended to `X-Forwarded-For`.
+    pub client_addr: IpAddr,
+    /// The id to send as `X-Request-ID` when the client sent none.
+    pub request_id: &'a [u8],
+    /// The `Host` to send when the client sent none (an HTTP/1.0 client): the backend's
+    /// authority, e.g. `10.0.0.11:8000`.
+    pub default_host: &'a [u8],
+    /// The length of the body that follows the head.
+    pub body_len: u64,
+}
+
+/// Appends the head of `head` (parsed from `buf`) as sent to a backend.
+pub fn write_upstream_head(
+    head: &RequestHead,
+    buf: &[u8],
+    out: &mut Vec<u8>,
+    extra: &ForwardInfo<'_>,
+) {
+    out.extend_from_slice(head.method(buf));
+    out.push(b' ');
+    out.extend_from_slice(head.target(buf));
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let headers = head.headers.as_slice();
+    if head.headers.get(buf, "host").is_none() {
+        write_header(out, b"Host", extra.default_host);
+    }
+    let is_xff = |name: &[u8]| name.eq_ignore_ascii_case(b"x-forwarded-for");
+    let last_xff = headers.iter().rposition(|h| is_xff(h.name.get(buf)));
+    for (i, h) in headers.iter().enumerate() {
+        let name = h.name.get(buf);
+        if is_hop_by_hop(name, &head.headers, buf)
+            || name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"expect")
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        let value = h.value.get(buf);
+        out.extend_from_slice(value);
+        if Some(i) == last_xff {
+            if !value.is_empty() {
+                out.extend_from_slice(b", ");
+            }
+            write!(out, "{}", extra.client_addr).expect("writing to a Vec");
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if last_xff.is_none() {
+        write!(out, "X-Forwarded-For: {}\r\n", extra.client_addr).expect("writing to a Vec");
+    }
+    if head.request_id.is_none() {
+        write_header(out, b"X-Request-ID", extra.request_id);
+    }
+    if head.framing != Framing::None || extra.body_len > 0 {
+        out.extend_from_slice(b"Content-Length: ");
+        write_decimal(out, extra.body_len);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{parse_request_head, Limits};
+
+    fn forward(req: &[u8], body_len: u64) -> String {
+        let head = parse_request_head(req, &Limits::default()).unwrap().unwrap();
+        let info = ForwardInfo {
+            client_addr: "10.0.0.9".parse().unwrap(),
+            request_id: b"gen-1",
+            default_host: b"b:80",
+            body_len,
+        };
+        let mut out = Vec::new();
+        write_upstream_head(&head, req, &mut out, &info);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_rewrites_length() {
+        let req = b"POST /v1/chat/completions?a=b HTTP/1.0\r\nHost: api\r\nConnection: keep-alive, X-Secret\r\n\
+Keep-Alive: timeout=5\r\nX-Secret: s\r\nProxy-Connection: x\r\nTE: trailers\r\nTrailer: X\r\n\
+Upgrade: h2c\r\nProxy-Authorization: p\r\nProxy-Authenticate: q\r\nContent-Length: 4\r\n\
+Expect: 100-continue\r\nAuthorization: Bearer k\r\nx-forwarded-for: 1.2.3.4\r\n\r\n";
+        assert_eq!(
+            forward(req, 12),
+            "POST /v1/chat/completions?a=b HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer k\r\n\
+x-forwarded-for: 1.2.3.4, 10.0.0.9\r\nX-Request-ID: gen-1\r\nContent-Length: 12\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn chunked_request_gets_a_length_and_keeps_its_request_id() {
+        let req = b"POST /v1/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nX-Request-ID: mine\r\n\r\n";
+        assert_eq!(
+            forward(req, 7),
+            "POST /v1/x HTTP/1.1\r\nHost: h\r\nX-Request-ID: mine\r\nX-Forwarded-For: 10.0.0.9\r\n\
+Content-Length: 7\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn get_without_body_has_no_length_and_xff_goes_on_the_last_line() {
+        let req = b"GET /v1/models HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: a\r\nX-Forwarded-For: b\r\n\r\n";
+        assert_eq!(
+            forward(req, 0),
+            "GET /v1/models HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: a\r\nX-Forwarded-For: b, 10.0.0.9\r\n\
+X-Request-ID: gen-1\r\n\r\n"
+        );
+    }
+}

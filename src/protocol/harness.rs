@@ -1,0 +1,504 @@
+//! Differential and split-invariance checks of the protocol layer, shared by the unit tests and
+//! the fuzz targets (`http_request`, `chunked`, `model_field`) so that the fuzz logic compiles
+//! with the crate. Each check panics on a disagreement.
+//!
+//! - [`check_model_field`]: [`find_model`] against `serde_json` (a `Value` parse, plus a visitor
+//!   counting top-level `"model"` keys).
+//! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
+//!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits.
+//! - [`check_http_request`]: a connection driver (heads, fixed and chunked bodies, pipelining,
+//!   keep-alive) run on the whole input and on the same bytes split into pieces must produce the
+//!   same events; every head is also forwarded and every body scanned for its model.
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use super::chunked::is_token_char;
+use super::{
+    find_model, parse_request_head, parse_response_head, write_client_response_head,
+    write_upstream_head, ChunkedDecoder, ChunkedLimits, ClientInfo, ErrorKind, ForwardInfo,
+    Framing, Limits, ModelError, Side, Version,
+};
+
+/// The number of `"model"` keys in a top-level object, counted by serde.
+struct TopLevelModels(usize);
+
+impl<'de> Deserialize<'de> for TopLevelModels {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl<'de> Visitor<'de> for Count {
+            type Value = usize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+                let mut n = 0;
+                while let Some(key) = map.next_key::<String>()? {
+                    n += usize::from(key == "model");
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Ok(n)
+            }
+        }
+        d.deserialize_map(Count).map(TopLevelModels)
+    }
+}
+
+/// What serde_json makes of a body.
+#[derive(Debug)]
+enum Expected {
+    /// serde_json refuses for a reason find_model deliberately does not share (number range,
+    /// its 127-level recursion limit): any answer is fine.
+    Either,
+    Invalid,
+    Err(ModelError),
+    Model(String),
+}
+
+fn expected(body: &[u8]) -> Expected {
+    let value = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(value) => value,
+        Err(e) => {
+            let text = e.to_string();
+            let by_design = ["number out of range", "recursion limit exceeded"];
+            return match by_design.iter().any(|d| text.contains(d)) {
+                true => Expected::Either,
+                false => Expected::Invalid,
+            };
+        }
+    };
+    let serde_json::Value::Object(map) = value else {
+        return Expected::Err(ModelError::NotAnObject);
+    };
+    let count = serde_json::from_slice::<TopLevelModels>(body).expect("a valid object").0;
+    match (count, map.get("model")) {
+        (2.., _) => Expected::Err(ModelError::DuplicateModel),
+        (_, None) => Expected::Err(ModelError::MissingModel),
+        (_, Some(serde_json::Value::String(s))) => Expected::Model(s.clone()),
+        (_, Some(_)) => Expected::Err(ModelError::ModelNotString),
+    }
+}
+
+/// [`find_model`] agrees with serde_json on `body`.
+pub fn check_model_field(body: &[u8]) {
+    let ours = find_model(body);
+    match expected(body) {
+        Expected::Either => {}
+        Expected::Invalid => assert!(ours.is_err(), "serde_json refuses, find_model gave {ours:?}"),
+        Expected::Err(e) => assert_eq!(ours.map(|f| f.value), Err(e)),
+        Expected::Model(s) => {
+            let field = ours.expect("serde_json found a model");
+            assert_eq!(field.value, s);
+            let token: String = serde_json::from_slice(&body[field.token]).expect("a string token");
+            assert_eq!(token, s);
+        }
+    }
+}
+
+/// Decoded data, bytes consumed and completeness, or the first error.
+pub type ChunkedOutcome = Result<(Vec<u8>, usize, bool), ErrorKind>;
+
+/// A straightforward whole-buffer chunked decoder with the same grammar and limits as
+/// [`ChunkedDecoder`].
+pub fn reference_chunked(input: &[u8], limits: &ChunkedLimits) -> ChunkedOutcome {
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    let mut pos = 0;
+    loop {
+        let rest = &input[pos..];
+        let cr = rest.iter().position(|&b| b == b'\r');
+        let line = &rest[..cr.unwrap_or(rest.len())];
+        let size = size_line(line, cr.is_some(), limits)?;
+        let (Some(cr), Some(size)) = (cr, size) else { return Ok((out, input.len(), false)) };
+        match rest.get(cr + 1) {
+            None => return Ok((out, input.len(), false)),
+            Some(b'\n') => pos += cr + 2,
+            Some(_) => return Err(ErrorKind::InvalidChunkFraming),
+        }
+        if size == 0 {
+            return trailer(input, pos, limits).map(|end| match end {
+                Some(end) => (out, end, true),
+                None => (out, input.len(), false),
+            });
+        }
+        total = total
+            .checked_add(size)
+            .filter(|t| *t <= limits.max_body_bytes)
+            .ok_or(ErrorKind::BodyTooLarge)?;
+        let data = &input[pos..];
+        if (data.len() as u64) < size {
+            out.extend_from_slice(data);
+            return Ok((out, input.len(), false));
+        }
+        out.extend_from_slice(&data[..size as usize]);
+        pos += size as usize;
+        for want in [b'\r', b'\n'] {
+            match input.get(pos) {
+                None => return Ok((out, input.len(), false)),
+                Some(&b) if b == want => pos += 1,
+                Some(_) => return Err(ErrorKind::InvalidChunkFraming),
+            }
+        }
+    }
+}
+
+/// Checks a chunk-size line (without its CR); returns the size once the line is `complete`.
+fn size_line(
+    line: &[u8],
+    complete: bool,
+    limits: &ChunkedLimits,
+) -> Result<Option<u64>, ErrorKind> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    for (i, &b) in line.iter().enumerate() {
+        if i + 1 > limits.max_line_bytes {
+            return Err(ErrorKind::InvalidChunkExtension);
+        }
+        if i < digits {
+            if i == 16 {
+                return Err(ErrorKind::InvalidChunkSize);
+            }
+            continue;
+        }
+        if digits == 0 {
+            return Err(ErrorKind::InvalidChunkSize);
+        }
+        let after = &line[digits..i];
+        let in_extension = after.contains(&b';');
+        let ok = match in_extension {
+            true => b == b'\t' || (0x20..0x7f).contains(&b) || b >= 0x80,
+            false => matches!(b, b' ' | b'\t' | b';'),
+        };
+        if !ok {
+            let size_error = i == digits && !in_extension;
+            return Err(if size_error {
+                ErrorKind::InvalidChunkSize
+            } else {
+                ErrorKind::InvalidChunkExtension
+            });
+        }
+    }
+    if !complete {
+        return Ok(None);
+    }
+    if digits == 0 {
+        return Err(ErrorKind::InvalidChunkSize);
+    }
+    if !line[digits..].contains(&b';') && digits < line.len() {
+        return Err(ErrorKind::InvalidChunkExtension);
+    }
+    Ok(Some(
+        line[..digits]
+            .iter()
+            .fold(0u64, |n, &d| n << 4 | u64::from(char::from(d).to_digit(16).unwrap())),
+    ))
+}
+
+/// The trailer section from `pos`: the end of the body, `None` if incomplete.
+fn trailer(
+    input: &[u8],
+    mut pos: usize,
+    limits: &ChunkedLimits,
+) -> Result<Option<usize>, ErrorKind> {
+    let mut used = 0;
+    loop {
+        match input.get(pos) {
+            None => return Ok(None),
+            Some(b'\r') => {
+                return match input.get(pos + 1) {
+                    None => Ok(None),
+                    Some(b'\n') => Ok(Some(pos + 2)),
+                    Some(_) => Err(ErrorKind::InvalidTrailer),
+                }
+            }
+            Some(_) => {}
+        }
+        let line_end = input[pos..].iter().position(|&b| b == b'\r').map(|e| pos + e);
+        let line = &input[pos..line_end.unwrap_or(input.len())];
+        for (i, &b) in line.iter().enumerate() {
+            used += 1;
+            let ok = if i == 0 { is_token_char(b) } else { b == b'\t' || b >= 0x20 && b != 0x7f };
+            if used > limits.max_trailer_bytes || !ok {
+                return Err(ErrorKind::InvalidTrailer);
+            }
+        }
+        let Some(line_end) = line_end else { return Ok(None) };
+        for (offset, want) in [(0, b'\r'), (1, b'\n')] {
+            used += 1;
+            match input.get(line_end + offset) {
+                _ if used > limits.max_trailer_bytes => return Err(ErrorKind::InvalidTrailer),
+                None => return Ok(None),
+                Some(&b) if b == want => {}
+                Some(_) => return Err(ErrorKind::InvalidTrailer),
+            }
+        }
+        pos = line_end + 2;
+    }
+}
+
+/// Small numbers from the front of a fuzz input.
+fn take(data: &mut &[u8]) -> u8 {
+    match data.split_first() {
+        Some((&b, rest)) => {
+            *data = rest;
+            b
+        }
+        None => 0,
+    }
+}
+
+/// Piece lengths for feeding input in splits: a cycle of 1 to 16 bytes from `seed`.
+fn pieces(seed: u8) -> impl FnMut() -> usize {
+    let mut state = u32::from(seed) | 1;
+    move || {
+        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        if seed == 0 {
+            usize::MAX
+        } else {
+            1 + (state >> 16) as usize % 16
+        }
+    }
+}
+
+/// [`ChunkedDecoder`] fed `data` (after two parameter bytes) in pieces agrees with
+/// [`reference_chunked`].
+pub fn check_chunked(mut data: &[u8]) {
+    let p = take(&mut data);
+    let limits = ChunkedLimits {
+        max_body_bytes: [u64::MAX, 0, 5, 64][usize::from(p & 3)],
+        max_line_bytes: [2, 8, 64, 4096][usize::from(p >> 2 & 3)],
+        max_trailer_bytes: [0, 4, 64, 4096][usize::from(p >> 4 & 3)],
+    };
+    let mut next = pieces(take(&mut data));
+    let expected = reference_chunked(data, &limits);
+    let mut decoder = ChunkedDecoder::new(limits, Side::Downstream);
+    let mut out = Vec::new();
+    let mut fed = 0;
+    let mut consumed = 0;
+    let ours: ChunkedOutcome = loop {
+        let n = next().min(data.len() - fed);
+        match decoder.feed(&data[fed..fed + n], &mut out) {
+            Err(e) => break Err(e.kind()),
+            Ok(progress) if progress.done => break Ok((out, consumed + progress.consumed, true)),
+            Ok(progress) => {
+                assert_eq!(progress.consumed, n, "an unfinished body consumes everything");
+                consumed += n;
+                fed += n;
+            }
+        }
+        if fed == data.len() {
+            break Ok((out, consumed, false));
+        }
+    };
+    assert_eq!(ours, expected);
+}
+
+/// One thing the connection driver saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Event {
+    Head {
+        line: Vec<u8>,
+        framing: Framing,
+        keep_alive: bool,
+        expect: bool,
+        session: Option<Vec<u8>>,
+        len: usize,
+    },
+    Body(Vec<u8>),
+    Error(ErrorKind),
+    Close,
+    End,
+}
+
+/// Where the connection driver is.
+#[derive(Debug)]
+enum Conn {
+    Head,
+    Fixed { remaining: u64, body: Vec<u8>, keep_alive: bool },
+    Chunked { decoder: ChunkedDecoder, body: Vec<u8>, keep_alive: bool },
+}
+
+/// Runs the driver over `stream` in pieces from `next`.
+fn drive(stream: &[u8], mut next: impl FnMut() -> usize, limits: &Limits) -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut buf = Vec::new();
+    let mut conn = Conn::Head;
+    let mut fed = 0;
+    while fed < stream.len() {
+        let n = next().min(stream.len() - fed);
+        buf.extend_from_slice(&stream[fed..fed + n]);
+        fed += n;
+        if !process(&mut buf, &mut conn, &mut events, limits) {
+            return events;
+        }
+    }
+    events.push(Event::End);
+    events
+}
+
+/// Handles everything buffered; `false` once the connection is closed.
+fn process(buf: &mut Vec<u8>, conn: &mut Conn, events: &mut Vec<Event>, limits: &Limits) -> bool {
+    loop {
+        let (finished, keep_alive) = match conn {
+            Conn::Head => match parse_request_head(buf, limits) {
+                Err(e) => {
+                    events.push(Event::Error(e.kind()));
+                    return false;
+                }
+                Ok(None) => return true,
+                Ok(Some(head)) => {
+                    *conn = start_body(&head, buf, events, limits);
+                    buf.drain(..head.head_len);
+                    continue;
+                }
+            },
+            Conn::Fixed { remaining, body, keep_alive } => {
+                let take = usize::try_from(*remaining).map_or(buf.len(), |r| r.min(buf.len()));
+                body.extend(buf.drain(..take));
+                *remaining -= take as u64;
+                if *remaining > 0 {
+                    return true;
+                }
+                (std::mem::take(body), *keep_alive)
+            }
+            Conn::Chunked { decoder, body, keep_alive } => match decoder.feed(buf, body) {
+                Err(e) => {
+                    events.push(Event::Error(e.kind()));
+                    return false;
+                }
+                Ok(p) => {
+                    buf.drain(..p.consumed);
+                    if !p.done {
+                        return true;
+                    }
+                    (std::mem::take(body), *keep_alive)
+                }
+            },
+        };
+        let _ = find_model(&finished);
+        events.push(Event::Body(finished));
+        *conn = Conn::Head;
+        if !keep_alive {
+            events.push(Event::Close);
+            return false;
+        }
+    }
+}
+
+/// Records a head, forwards it, and sets up reading its body.
+fn start_body(
+    head: &super::RequestHead,
+    buf: &[u8],
+    events: &mut Vec<Event>,
+    limits: &Limits,
+) -> Conn {
+    let mut forwarded = Vec::new();
+    let info = ForwardInfo {
+        client_addr: [10, 0, 0, 1].into(),
+        request_id: b"id",
+        default_host: b"b:1",
+        body_len: 3,
+    };
+    write_upstream_head(head, buf, &mut forwarded, &info);
+    let relaxed = Limits {
+        max_header_bytes: usize::MAX,
+        max_headers: usize::MAX,
+        max_body_bytes: u64::MAX,
+        ..limits.clone()
+    };
+    match parse_request_head(&forwarded, &relaxed) {
+        Ok(Some(again)) => {
+            assert_eq!(again.head_len, forwarded.len());
+            assert_eq!(again.framing, Framing::ContentLength(3));
+            assert_eq!(again.session_id(&forwarded), head.session_id(buf));
+        }
+        Err(e) if e.kind() == ErrorKind::TooManyHeaders => {}
+        other => {
+            panic!("forwarded head {:?} parsed as {other:?}", String::from_utf8_lossy(&forwarded))
+        }
+    }
+    events.push(Event::Head {
+        line: [head.method(buf), b" ", head.target(buf)].concat(),
+        framing: head.framing,
+        keep_alive: head.keep_alive,
+        expect: head.expect_continue,
+        session: head.session_id(buf).map(<[u8]>::to_vec),
+        len: head.head_len,
+    });
+    let keep_alive = head.keep_alive;
+    match head.framing {
+        Framing::None => Conn::Fixed { remaining: 0, body: Vec::new(), keep_alive },
+        Framing::ContentLength(n) => Conn::Fixed { remaining: n, body: Vec::new(), keep_alive },
+        Framing::Chunked => Conn::Chunked {
+            decoder: ChunkedDecoder::new(limits.chunked(), Side::Downstream),
+            body: Vec::new(),
+            keep_alive,
+        },
+    }
+}
+
+/// Drives `data` (after two parameter bytes) as a client byte stream, whole and split: the
+/// events must match. The same bytes also go through the response head parser and relay.
+pub fn check_http_request(mut data: &[u8]) {
+    let p = take(&mut data);
+    let limits = Limits {
+        max_header_bytes: [40, 128, 1024, 16_384][usize::from(p & 3)],
+        max_headers: [1, 4, 100, 200][usize::from(p >> 2 & 3)],
+        max_body_bytes: [0, 8, 1024, u64::MAX][usize::from(p >> 4 & 3)],
+        session_header: "x-session-id".to_owned(),
+        max_chunk_line_bytes: [4, 64][usize::from(p >> 6 & 1)],
+        max_trailer_bytes: [0, 64][usize::from(p >> 7)],
+    };
+    let seed = take(&mut data);
+    let whole = drive(data, || usize::MAX, &limits);
+    let split = drive(data, pieces(seed.max(1)), &limits);
+    assert_eq!(whole, split, "splitting the input changed the outcome");
+    if let Ok(Some(head)) = parse_response_head(data, limits.max_header_bytes, seed & 1 == 1) {
+        let client = ClientInfo {
+            version: if seed & 2 == 0 { Version::Http10 } else { Version::Http11 },
+            keep_alive: seed & 4 == 0,
+        };
+        write_client_response_head(&head, data, &mut Vec::new(), &client, &[("x-a", b"b")]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_chunked_matches_known_bodies() {
+        let limits =
+            ChunkedLimits { max_body_bytes: 100, max_line_bytes: 64, max_trailer_bytes: 64 };
+        let body = b"4;a=b\r\nWiki\r\n0\r\nX: y\r\n\r\nrest";
+        assert_eq!(reference_chunked(body, &limits), Ok((b"Wiki".to_vec(), body.len() - 4, true)));
+        for seed in 0..=255 {
+            check_chunked(
+                &[[0xfe, 0xfa, 0x00][seed % 3], seed as u8, b'4', b'\r', b'\n', b'a', b'b'][..],
+            );
+            let mut data = vec![0xfe, seed as u8];
+            data.extend_from_slice(body);
+            check_chunked(&data);
+        }
+    }
+
+    #[test]
+    fn http_request_driver_is_split_invariant_on_seeds() {
+        let stream =
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nX-Session-ID: s\r\nContent-Length: 3\r\n\r\nabc\
+POST /v1/y HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{}x\r\n0\r\n\r\n\
+GET /v1/models HTTP/1.0\r\n\r\nGET / HTTP/1.1\r\n\r\n";
+        for p in [0xff, 0x3e, 0x00, 0x12] {
+            for seed in 0..=255u8 {
+                let mut data = vec![p, seed];
+                data.extend_from_slice(stream);
+                check_http_request(&data);
+            }
+        }
+        let limits = Limits::default();
+        let events = drive(stream, || 7, &limits);
+        assert_eq!(events.len(), 7, "{events:?}");
+        assert_eq!(events[6], Event::Close);
+        assert_eq!(events[1], Event::Body(b"abc".to_vec()));
+        assert_eq!(events[3], Event::Body(b"3\r\n{}x\r\n0\r\n\r\n"[3..6].to_vec()));
+        assert_eq!(events[5], Event::Body(Vec::new()));
+    }
+}

@@ -1,0 +1,461 @@
+//! The top-level `"model"` of a JSON request body (SPEC 2.3) and its in-place rewrite (SPEC 2.6).
+//!
+//! [`find_model`] is a single forward pass that validates the whole body against RFC 8259 while
+//! it looks for the key, without building anything: nesting is a 128-bit stack (bit *d* set when
+//! level *d* is an object), strings are skipped with `memchr2` for `"` and `\`, the bytes between
+//! are checked for control characters and UTF-8 in bulk, and only escapes are read byte by byte.
+//! It costs a fraction of a `serde_json::Value` parse (see `benches/protocol.rs`).
+//!
+//! Decisions:
+//! - Keys are compared after unescaping, so `"mod\u0065l"` **is** the key `model` (as it is to
+//!   every JSON parser the backend may use). Only keys of the top-level object count; a `"model"`
+//!   inside `messages`, `metadata` or any nested value is never picked.
+//! - A second top-level `"model"` key is an error ([`ModelError::DuplicateModel`]) rather than
+//!   first-wins or last-wins: parsers disagree, and the router and the backend must not.
+//! - Strings must be valid UTF-8 without raw control characters, and `\u` escapes must pair
+//!   surrogates (a lone surrogate is refused, as `serde_json` does).
+//! - Numbers are checked for grammar, not range (RFC 8259 section 6 leaves range to the
+//!   implementation): `1e400` is accepted and forwarded for the backend to judge.
+//! - Nesting deeper than [`DEPTH_MAX`] levels is an error (`serde_json` stops at 127).
+//! - Leading and trailing whitespace is allowed; a byte order mark is not.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use memchr::memchr2;
+
+use super::error::ModelError;
+
+/// Deepest nesting of arrays and objects accepted; the top-level object is level 1.
+pub const DEPTH_MAX: usize = 128;
+
+/// The top-level `"model"` string of a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelField<'a> {
+    /// The string token in the body, quotes included: what [`rewrite_model`] replaces.
+    pub token: Range<usize>,
+    /// The decoded value; borrowed from the body unless it contained escapes.
+    pub value: Cow<'a, str>,
+}
+
+/// Finds the top-level `"model"` string of a JSON object body, validating the whole body.
+pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
+    let mut s =
+        Scanner { buf: body, pos: 0, depth: 0, objects: 0, model_next: false, found: Found::None };
+    s.skip_ws();
+    match s.peek() {
+        Some(b'{') => {}
+        Some(_) => return Err(ModelError::NotAnObject),
+        None => return Err(ModelError::InvalidJson { offset: s.pos }),
+    }
+    s.document()?;
+    match s.found {
+        Found::None => Err(ModelError::MissingModel),
+        Found::NotString => Err(ModelError::ModelNotString),
+        Found::String { token, escaped } => {
+            let raw = &body[token.start + 1..token.end - 1];
+            let value = match escaped {
+                false => Cow::Borrowed(std::str::from_utf8(raw).expect("validated by the scan")),
+                true => Cow::Owned(unescape_to_string(raw)),
+            };
+            Ok(ModelField { token, value })
+        }
+    }
+}
+
+/// Appends `body` with the model token replaced by `new_model` as a JSON string; every other
+/// byte is copied unchanged (SPEC 2.6).
+pub fn rewrite_model(body: &[u8], field: &ModelField<'_>, new_model: &str, out: &mut Vec<u8>) {
+    out.reserve(body.len() - field.token.len() + new_model.len() + 2);
+    out.extend_from_slice(&body[..field.token.start]);
+    write_json_string(new_model, out);
+    out.extend_from_slice(&body[field.token.end..]);
+}
+
+/// Appends `s` as a JSON string token: quotes, `"` and `\` escaped, control characters as
+/// `\n`, `\r`, `\t` or `\u00XX`, everything else (non-ASCII included) as is.
+pub fn write_json_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            let hex = b"0123456789abcdef";
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                hex[usize::from(b >> 4)],
+                hex[usize::from(b & 0xf)],
+            ]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// The length of `s` as written by [`write_json_string`].
+pub fn json_string_len(s: &str) -> usize {
+    let escaped = |b: u8| match b {
+        b'"' | b'\\' | b'\n' | b'\r' | b'\t' => 2,
+        0..=0x1f => 6,
+        _ => 1,
+    };
+    2 + s.bytes().map(escaped).sum::<usize>()
+}
+
+/// What the scan knows about the top-level `"model"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Found {
+    None,
+    NotString,
+    String { token: Range<usize>, escaped: bool },
+}
+
+/// What the next token may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// After `{`: a key or `}`.
+    KeyOrEnd,
+    /// After `,` in an object: a key.
+    Key,
+    /// After `[`: a value or `]`.
+    ValueOrEnd,
+    /// After `:` or `,` in an array: a value.
+    Value,
+    /// After a value: `,` or the closing bracket.
+    CommaOrEnd,
+}
+
+/// The scan's position and nesting.
+#[derive(Debug)]
+struct Scanner<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    /// Open arrays and objects.
+    depth: usize,
+    /// Bit `d - 1` set when level `d` is an object (level 1 is the top-level object).
+    objects: u128,
+    /// The key just read was a top-level `"model"`: the next value is the model.
+    model_next: bool,
+    found: Found,
+}
+
+impl Scanner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    fn invalid(&self) -> ModelError {
+        ModelError::InvalidJson { offset: self.pos }
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn in_object(&self) -> bool {
+        self.objects >> (self.depth - 1) & 1 == 1
+    }
+
+    /// Scans the whole body, starting at its `{`.
+    fn document(&mut self) -> Result<(), ModelError> {
+        let mut expect = Expect::Value;
+        loop {
+            self.skip_ws();
+            let b = self.peek().ok_or(self.invalid())?;
+            expect = match expect {
+                Expect::KeyOrEnd if b == b'}' => self.close()?,
+                Expect::KeyOrEnd | Expect::Key => self.key(b)?,
+                Expect::ValueOrEnd if b == b']' => self.close()?,
+                Expect::ValueOrEnd | Expect::Value => self.value(b)?,
+                Expect::CommaOrEnd => match b {
+                    b',' if self.in_object() => self.advance(Expect::Key),
+                    b',' => self.advance(Expect::Value),
+                    b'}' if self.in_object() => self.close()?,
+                    b']' if !self.in_object() => self.close()?,
+                    _ => return Err(self.invalid()),
+                },
+            };
+            if self.depth == 0 {
+                break;
+            }
+        }
+        self.skip_ws();
+        match self.pos == self.buf.len() {
+            true => Ok(()),
+            false => Err(self.invalid()),
+        }
+    }
+
+    fn advance(&mut self, next: Expect) -> Expect {
+        self.pos += 1;
+        next
+    }
+
+    /// A key and its colon.
+    fn key(&mut self, b: u8) -> Result<Expect, ModelError> {
+        if b != b'"' {
+            return Err(self.invalid());
+        }
+        let start = self.pos;
+        let escaped = self.string()?;
+        if self.depth == 1 {
+            let raw = &self.buf[start + 1..self.pos - 1];
+            self.model_next = match escaped {
+                false => raw == b"model",
+                true => unescaped_eq(raw, b"model"),
+            };
+        }
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.invalid());
+        }
+        Ok(self.advance(Expect::Value))
+    }
+
+    /// The first byte of a value: scalars are read whole, brackets open a level.
+    fn value(&mut self, b: u8) -> Result<Expect, ModelError> {
+        let start = self.pos;
+        let next = match b {
+            b'{' | b'[' => self.open(b == b'{')?,
+            b'"' => {
+                let escaped = self.string()?;
+                if self.model_next {
+                    self.found(Found::String { token: start..self.pos, escaped })?;
+                }
+                Expect::CommaOrEnd
+            }
+            b'-' | b'0'..=b'9' => self.number()?,
+            b't' => self.literal(b"true")?,
+            b'f' => self.literal(b"false")?,
+            b'n' => self.literal(b"null")?,
+            _ => return Err(self.invalid()),
+        };
+        if self.model_next {
+            self.found(Found::NotString)?;
+        }
+        Ok(next)
+    }
+
+    /// Records the model value (or its absence of stringness), refusing a second one.
+    fn found(&mut self, found: Found) -> Result<(), ModelError> {
+        self.model_next = false;
+        if self.found != Found::None {
+            return Err(ModelError::DuplicateModel);
+        }
+        self.found = found;
+        Ok(())
+    }
+
+    fn open(&mut self, object: bool) -> Result<Expect, ModelError> {
+        if self.depth == DEPTH_MAX {
+            return Err(ModelError::TooDeep { offset: self.pos });
+        }
+        self.depth += 1;
+        let bit = 1u128 << (self.depth - 1);
+        self.objects = if object { self.objects | bit } else { self.objects & !bit };
+        self.pos += 1;
+        Ok(if object { Expect::KeyOrEnd } else { Expect::ValueOrEnd })
+    }
+
+    fn close(&mut self) -> Result<Expect, ModelError> {
+        self.depth -= 1;
+        self.pos += 1;
+        Ok(Expect::CommaOrEnd)
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<Expect, ModelError> {
+        if !self.buf[self.pos..].starts_with(word) {
+            return Err(self.invalid());
+        }
+        self.pos += word.len();
+        Ok(Expect::CommaOrEnd)
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    fn number(&mut self) -> Result<Expect, ModelError> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(self.invalid()),
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.some_digits()?;
+        }
+        Ok(Expect::CommaOrEnd)
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Result<(), ModelError> {
+        let start = self.pos;
+        self.digits();
+        match self.pos > start {
+            true => Ok(()),
+            false => Err(self.invalid()),
+        }
+    }
+
+    /// Skips a string starting at its opening quote; returns whether it holds escapes.
+    fn string(&mut self) -> Result<bool, ModelError> {
+        self.pos += 1;
+        let mut escaped = false;
+        loop {
+            let rest = &self.buf[self.pos..];
+            let end = memchr2(b'"', b'\\', rest)
+                .ok_or(ModelError::InvalidJson { offset: self.buf.len() })?;
+            check_plain(&rest[..end])
+                .map_err(|at| ModelError::InvalidJson { offset: self.pos + at })?;
+            self.pos += end;
+            if rest[end] == b'"' {
+                self.pos += 1;
+                return Ok(escaped);
+            }
+            escaped = true;
+            self.pos = escape_end(self.buf, self.pos).ok_or(self.invalid())?;
+        }
+    }
+}
+
+/// Checks unescaped string bytes: no control characters, valid UTF-8. A `"` or `\` ends each
+/// run, and neither can sit inside a UTF-8 sequence, so runs are checked independently.
+fn check_plain(run: &[u8]) -> Result<(), usize> {
+    if run.iter().fold(false, |ctl, &b| ctl | (b < 0x20)) {
+        return Err(run.iter().position(|&b| b < 0x20).unwrap_or(0));
+    }
+    if !run.is_ascii() {
+        std::str::from_utf8(run).map_err(|e| e.valid_up_to())?;
+    }
+    Ok(())
+}
+
+/// The end of the escape at `at` (a `\`), or `None` if it is invalid (unknown escape, bad hex,
+/// unpaired surrogate).
+fn escape_end(buf: &[u8], at: usize) -> Option<usize> {
+    match buf.get(at + 1)? {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(at + 2),
+        b'u' => {
+            let unit = hex4(buf.get(at + 2..at + 6)?)?;
+            match unit {
+                0xd800..=0xdbff => {
+                    if buf.get(at + 6..at + 8)? != b"\\u" {
+                        return None;
+                    }
+                    let low = hex4(buf.get(at + 8..at + 12)?)?;
+                    (0xdc00..=0xdfff).contains(&low).then_some(at + 12)
+                }
+                0xdc00..=0xdfff => None,
+                _ => Some(at + 6),
+            }
+        }
+        _ => None,
+    }
+}
+
+fn hex4(digits: &[u8]) -> Option<u32> {
+    digits.iter().try_fold(0u32, |n, &d| Some(n << 4 | char::from(d).to_digit(16)?))
+}
+
+/// Calls `sink` with the unescaped pieces of a validated string's contents, in order, until it
+/// returns `false`.
+fn unescape(raw: &[u8], mut sink: impl FnMut(&[u8]) -> bool) {
+    let mut pos = 0;
+    while pos < raw.len() {
+        let end = memchr::memchr(b'\\', &raw[pos..]).map_or(raw.len(), |e| pos + e);
+        if !sink(&raw[pos..end]) || end == raw.len() {
+            return;
+        }
+        let mut utf8 = [0u8; 4];
+        let (piece, next): (&[u8], usize) = match raw[end + 1] {
+            b'u' => {
+                let unit = hex4(&raw[end + 2..end + 6]).expect("validated");
+                let (code, next) = match unit {
+                    0xd800..=0xdbff => {
+                        let low = hex4(&raw[end + 8..end + 12]).expect("validated");
+                        (0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00), end + 12)
+                    }
+                    _ => (unit, end + 6),
+                };
+                let c = char::from_u32(code).expect("surrogates paired");
+                (c.encode_utf8(&mut utf8).as_bytes(), next)
+            }
+            other => (std::slice::from_ref(unescaped(other)), end + 2),
+        };
+        if !sink(piece) {
+            return;
+        }
+        pos = next;
+    }
+}
+
+/// The byte a one-character escape stands for.
+fn unescaped(escape: u8) -> &'static u8 {
+    match escape {
+        b'b' => &0x08,
+        b'f' => &0x0c,
+        b'n' => &b'\n',
+        b'r' => &b'\r',
+        b't' => &b'\t',
+        b'"' => &b'"',
+        b'\\' => &b'\\',
+        b'/' => &b'/',
+        _ => unreachable!("validated escape"),
+    }
+}
+
+/// Whether a validated string's contents unescape to exactly `target`.
+fn unescaped_eq(raw: &[u8], target: &[u8]) -> bool {
+    let mut matched = 0;
+    let mut equal = true;
+    unescape(raw, |piece| {
+        equal = target[matched..].starts_with(piece);
+        matched += piece.len();
+        equal
+    });
+    equal && matched == target.len()
+}
+
+fn unescape_to_string(raw: &[u8]) -> String {
+    let mut bytes = Vec::with_capacity(raw.len());
+    unescape(raw, |piece| {
+        bytes.extend_from_slice(piece);
+        true
+    });
+    String::from_utf8(bytes).expect("validated UTF-8 and paired surrogates")
+}
+
+#[cfg(test)]
+#[path = "json_tests.rs"]
+mod tests;

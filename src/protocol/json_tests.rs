@@ -1,0 +1,320 @@
+use super::*;
+use crate::protocol::harness::check_model_field;
+use proptest::prelude::*;
+
+/// A JSON value to render with chosen whitespace and key spellings.
+#[derive(Debug, Clone)]
+enum J {
+    Null,
+    Bool(bool),
+    Number(String),
+    Str(String),
+    Array(Vec<J>),
+    Object(Vec<(String, J)>),
+}
+
+/// Keys as they appear between the quotes: plain, escaped forms of `model`, near misses.
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => Just("model".to_owned()),
+        1 => Just("mod\\u0065l".to_owned()),
+        1 => Just("\\u006dodel".to_owned()),
+        1 => Just("modeL".to_owned()),
+        1 => Just("messages".to_owned()),
+        2 => "[a-z]{0,6}",
+    ]
+}
+
+fn number() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| format!("{f:e}")),
+        Just("-0.0E-3".to_owned()),
+        Just("1e5".to_owned()),
+        Just("0".to_owned()),
+    ]
+}
+
+fn leaf() -> impl Strategy<Value = J> {
+    prop_oneof![
+        Just(J::Null),
+        any::<bool>().prop_map(J::Bool),
+        number().prop_map(J::Number),
+        any::<String>().prop_map(J::Str),
+        "[a-z\\\"]{0,8}".prop_map(J::Str),
+    ]
+}
+
+fn value() -> impl Strategy<Value = J> {
+    leaf().prop_recursive(5, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(J::Array),
+            proptest::collection::vec((key(), inner), 0..6).prop_map(J::Object),
+        ]
+    })
+}
+
+fn pick_style(style: &[u8], at: &mut usize) -> u8 {
+    *at += 1;
+    style[*at % style.len()]
+}
+
+/// Renders `j`, taking whitespace and string spellings from `style` in turn.
+fn render(j: &J, style: &[u8], at: &mut usize, out: &mut String) {
+    let ws = |p: u8| [" ", "", "\n  ", "", "\t", "", "\r\n", ""][usize::from(p % 8)];
+    out.push_str(ws(pick_style(style, at)));
+    match j {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Number(n) => out.push_str(n),
+        J::Str(s) if pick_style(style, at) % 4 == 0 => {
+            out.push('"');
+            for unit in s.encode_utf16() {
+                out.push_str(&format!("\\u{unit:04X}"));
+            }
+            out.push('"');
+        }
+        J::Str(s) => {
+            let mut bytes = Vec::new();
+            write_json_string(s, &mut bytes);
+            out.push_str(std::str::from_utf8(&bytes).unwrap());
+        }
+        J::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                out.push_str(if i > 0 { "," } else { "" });
+                render(item, style, at, out);
+            }
+            out.push(']');
+        }
+        J::Object(members) => {
+            out.push('{');
+            for (i, (k, v)) in members.iter().enumerate() {
+                out.push_str(if i > 0 { "," } else { "" });
+                out.push_str(&format!(
+                    "{}\"{k}\"{}:",
+                    ws(pick_style(style, at)),
+                    ws(pick_style(style, at))
+                ));
+                render(v, style, at, out);
+            }
+            out.push('}');
+        }
+    }
+    out.push_str(ws(pick_style(style, at)));
+}
+
+/// Rendered JSON objects, most with a top-level `model` of some kind.
+fn json_value_strategy() -> impl Strategy<Value = String> {
+    let members = proptest::collection::vec((key(), value()), 0..6);
+    let model = prop_oneof![
+        3 => "[a-zA-Z0-9/._\"\\\\-]{0,12}".prop_map(J::Str),
+        1 => any::<String>().prop_map(J::Str),
+        1 => value(),
+    ];
+    (
+        members,
+        proptest::option::of(model),
+        any::<proptest::sample::Index>(),
+        proptest::collection::vec(any::<u8>(), 1..16),
+    )
+        .prop_map(|(mut members, model, at, style)| {
+            if let Some(model) = model {
+                let i = at.index(members.len() + 1);
+                members.insert(i, ("model".to_owned(), model));
+            }
+            let mut out = String::new();
+            render(&J::Object(members), &style, &mut 0, &mut out);
+            out
+        })
+}
+
+fn model(body: &str) -> Result<String, ModelError> {
+    find_model(body.as_bytes()).map(|f| f.value.into_owned())
+}
+
+#[test]
+fn finds_the_top_level_model() {
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"model":"llama","stream":true}"#;
+    let f = find_model(body.as_bytes()).unwrap();
+    assert_eq!(f.value, "llama");
+    assert!(matches!(f.value, Cow::Borrowed(_)));
+    assert_eq!(&body[f.token.clone()], "\"llama\"");
+}
+
+#[test]
+fn never_picks_a_nested_model() {
+    let body = r#"{"messages":[{"model":"inner","content":"{\"model\":\"x\"}"}],
+        "metadata":{"model":"meta","deep":[{"model":1}]},"model":"outer"}"#;
+    assert_eq!(model(body).unwrap(), "outer");
+    assert_eq!(model(r#"{"metadata":{"model":"m"}}"#), Err(ModelError::MissingModel));
+    assert_eq!(model(r#"{"a":["model","x"],"b":"model"}"#), Err(ModelError::MissingModel));
+    assert_eq!(model(r#"{"x":"\"model\":\"no\"","model":"yes"}"#).unwrap(), "yes");
+}
+
+#[test]
+fn whitespace_everywhere() {
+    assert_eq!(model(" \r\n\t{ \"model\" \n:\t\"m\" , \"a\" : [ 1 , { } ] } \n").unwrap(), "m");
+    assert_eq!(model("{\"model\":\"m\"}\u{feff}"), Err(ModelError::InvalidJson { offset: 13 }));
+    assert_eq!(model("\u{feff}{\"model\":\"m\"}"), Err(ModelError::NotAnObject));
+}
+
+#[test]
+fn escapes_in_keys_and_values() {
+    assert_eq!(model(r#"{"mod\u0065l":"m"}"#).unwrap(), "m");
+    assert_eq!(model(r#"{"mod\u0065l\u0000":"m"}"#), Err(ModelError::MissingModel));
+    assert_eq!(model(r#"{"modelx":"m"}"#), Err(ModelError::MissingModel));
+    assert_eq!(model(r#"{"mode":"m"}"#), Err(ModelError::MissingModel));
+    let f = find_model(br#"{"model":"a\"b\\c\/d\n\u00e9\ud83d\ude00"}"#).unwrap();
+    assert_eq!(f.value, "a\"b\\c/d\n\u{e9}\u{1f600}");
+    assert!(matches!(f.value, Cow::Owned(_)));
+    assert_eq!(model(r#"{"model":"caf\u00E9"}"#).unwrap(), "café");
+    assert_eq!(model("{\"model\":\"café\"}").unwrap(), "café");
+}
+
+#[test]
+fn missing_non_string_and_duplicate() {
+    assert_eq!(model("{}"), Err(ModelError::MissingModel));
+    for v in ["1", "null", "true", "[\"m\"]", "{\"model\":\"m\"}", "-0.5e3"] {
+        assert_eq!(model(&format!("{{\"model\":{v}}}")), Err(ModelError::ModelNotString), "{v}");
+    }
+    assert_eq!(model(r#"{"model":"a","model":"a"}"#), Err(ModelError::DuplicateModel));
+    assert_eq!(model(r#"{"model":1,"mod\u0065l":"a"}"#), Err(ModelError::DuplicateModel));
+}
+
+#[test]
+fn not_an_object() {
+    for body in ["[]", "\"model\"", "1", "null", " [{\"model\":\"m\"}]"] {
+        assert_eq!(model(body), Err(ModelError::NotAnObject), "{body}");
+    }
+    assert_eq!(model(""), Err(ModelError::InvalidJson { offset: 0 }));
+    assert_eq!(model("  "), Err(ModelError::InvalidJson { offset: 2 }));
+}
+
+#[test]
+fn invalid_json_anywhere_is_an_error() {
+    let bad = [
+        r#"{"model":"m""#,
+        r#"{"model":"m",}"#,
+        r#"{"model":"m"}}"#,
+        r#"{"model":"m"} x"#,
+        r#"{"model" "m"}"#,
+        r#"{"model":"m" "a":1}"#,
+        r#"{model:"m"}"#,
+        r#"{"model":"m","a":[1,]}"#,
+        r#"{"model":"m","a":[1 2]}"#,
+        r#"{"model":"m","a":01}"#,
+        r#"{"model":"m","a":1.}"#,
+        r#"{"model":"m","a":.5}"#,
+        r#"{"model":"m","a":1e}"#,
+        r#"{"model":"m","a":-}"#,
+        r#"{"model":"m","a":+1}"#,
+        r#"{"model":"m","a":tru}"#,
+        r#"{"model":"m","a":nul}"#,
+        r#"{"model":"m","a":"\x"}"#,
+        r#"{"model":"m","a":"\u12"}"#,
+        r#"{"model":"m","a":"\ud800"}"#,
+        r#"{"model":"m","a":"\udc00"}"#,
+        r#"{"model":"m","a":"\ud800\u0041"}"#,
+        "{\"model\":\"m\",\"a\":\"tab\there\"}",
+        r#"{"model":"m","a":[}"#,
+        r#"{"model":"m","a":{]}"#,
+        r#"{"model":"m","a":{"b"}}"#,
+    ];
+    for body in bad {
+        assert!(
+            matches!(model(body), Err(ModelError::InvalidJson { .. })),
+            "{body}: {:?}",
+            model(body)
+        );
+    }
+    assert!(matches!(
+        find_model(b"{\"model\":\"\xff\"}"),
+        Err(ModelError::InvalidJson { offset: 10 })
+    ));
+    assert!(matches!(
+        find_model(b"{\"model\":\"m\",\"a\":\"\xc3\"}"),
+        Err(ModelError::InvalidJson { .. })
+    ));
+    assert!(matches!(find_model(b"{\"model\":\"m\"\xff}"), Err(ModelError::InvalidJson { .. })));
+    assert_eq!(model(r#"{"model":"m","a":[1e400,-0,0.5E+2,1E-2]}"#).unwrap(), "m");
+}
+
+#[test]
+fn depth_limit_at_and_past_the_boundary() {
+    let nested = |levels: usize| {
+        let inner = levels - 1;
+        format!("{{\"model\":\"m\",\"a\":{}{}}}", "[".repeat(inner), "]".repeat(inner))
+    };
+    assert_eq!(model(&nested(DEPTH_MAX)).unwrap(), "m");
+    assert!(matches!(model(&nested(DEPTH_MAX + 1)), Err(ModelError::TooDeep { .. })));
+    let objects =
+        format!("{}{}", "{\"a\":".repeat(DEPTH_MAX), "1".to_owned() + &"}".repeat(DEPTH_MAX));
+    assert_eq!(model(&objects), Err(ModelError::MissingModel));
+}
+
+#[test]
+fn huge_bodies() {
+    let content = "word \\\"quoted\\\" \\n ünï ".repeat(40_000);
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{content}","model":"no"}}],"model":"big","n":[{}0]}}"#,
+        "1,".repeat(10_000)
+    );
+    assert!(body.len() > 900_000);
+    let f = find_model(body.as_bytes()).unwrap();
+    assert_eq!(f.value, "big");
+    check_model_field(body.as_bytes());
+}
+
+#[test]
+fn rewrite_keeps_every_other_byte() {
+    let body = b"{ \"model\" : \"short\",\n \"messages\":[{\"model\":\"short\"}], \"x\":1 }";
+    let f = find_model(body).unwrap();
+    let mut out = b"prefix".to_vec();
+    rewrite_model(body, &f, "meta-llama/Llama \"3\"\n", &mut out);
+    let expected = b"prefix{ \"model\" : \"meta-llama/Llama \\\"3\\\"\\n\",\n \"messages\":[{\"model\":\"short\"}], \"x\":1 }";
+    assert_eq!(out, expected);
+    let again = find_model(&out[6..]).unwrap();
+    assert_eq!(again.value, "meta-llama/Llama \"3\"\n");
+    assert_eq!(&out[6..6 + f.token.start], &body[..f.token.start]);
+}
+
+#[test]
+fn json_string_escaping() {
+    let mut out = Vec::new();
+    write_json_string("a\u{1}\u{1f}\t\"\\é\u{7f}", &mut out);
+    assert_eq!(out, "\"a\\u0001\\u001f\\t\\\"\\\\é\u{7f}\"".as_bytes());
+    let back: String = serde_json::from_slice(&out).unwrap();
+    assert_eq!(back, "a\u{1}\u{1f}\t\"\\é\u{7f}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Generated JSON objects (with and without top-level and nested "model" keys, escaped keys
+    /// and random whitespace) agree with serde_json.
+    #[test]
+    fn agrees_with_serde_json_on_objects(body in json_value_strategy()) {
+        check_model_field(body.as_bytes());
+    }
+
+    /// Arbitrary bytes: whenever serde_json refuses, so does find_model.
+    #[test]
+    fn agrees_with_serde_json_on_arbitrary_bytes(body in proptest::collection::vec(any::<u8>(), 0..64)) {
+        check_model_field(&body);
+    }
+
+    /// Valid bodies with one byte changed: mostly invalid JSON of the shapes that matter.
+    #[test]
+    fn agrees_with_serde_json_on_mutations(
+        body in json_value_strategy(),
+        at in any::<proptest::sample::Index>(),
+        byte in prop_oneof![Just(b'"'), Just(b'\\'), Just(b','), Just(b'}'), Just(b'{'), Just(b':'), any::<u8>()],
+        delete in any::<bool>(),
+    ) {
+        let mut body = body.into_bytes();
+        let i = at.index(body.len());
+        if delete { body.remove(i); } else { body.insert(i, byte); }
+        check_model_field(&body);
+    }
+}

@@ -1,0 +1,309 @@
+//! Sans-IO HTTP/1.1 for the dataplane: the caller feeds bytes it read and gets back parsed heads,
+//! decoded bodies and bytes to write. Nothing here touches a socket or reads the clock, and
+//! nothing allocates except into buffers the caller passes in (a `Cow` holding an escaped model
+//! name is the one exception).
+//!
+//! Message syntax follows RFC 9112 (HTTP/1.1) and the semantics of RFC 9110; request and response
+//! heads are tokenised by `httparse`, then checked here. JSON follows RFC 8259.
+//!
+//! - [`request`]: [`parse_request_head`] (framing, keep-alive, `Expect`, session id, request id).
+//! - [`chunked`]: the incremental [`ChunkedDecoder`] (RFC 9112 section 7.1) and [`ChunkedEncoder`].
+//! - [`json`]: [`find_model`], a one-pass validating scan for the top-level `"model"` string, and
+//!   [`rewrite_model`] (SPEC 2.3, 2.6).
+//! - [`forward`]: [`write_upstream_head`], the request head sent to a backend (SPEC 2.6).
+//! - [`response`]: [`parse_response_head`], [`write_client_response_head`] and the router's own
+//!   JSON errors, [`write_error`] (SPEC 2.7 and the error table).
+//! - [`error`]: [`ProtocolError`] (which side broke which rule, with its status) and [`ModelError`].
+//!
+//! What is refused (400 unless stated; every refusal means "answer and close"):
+//! - heads longer than `max_header_bytes` or with more than `max_headers` lines (431), whether
+//!   complete or not;
+//! - any version other than HTTP/1.0 and HTTP/1.1, including the HTTP/2 preface;
+//! - request smuggling shapes: `Content-Length` together with `Transfer-Encoding`; more than one
+//!   `Content-Length` line, **even with equal values** (RFC 9112 6.3 lets a recipient merge equal
+//!   values; we refuse instead, as proxies disagree); a `Content-Length` that is not 1*DIGIT
+//!   (sign, comma list, overflow); a `Transfer-Encoding` other than one `chunked`; any
+//!   `Transfer-Encoding` in an HTTP/1.0 request; obs-fold (a header line starting with SP or
+//!   HTAB); whitespace between a header name and its colon; control characters in names or values;
+//! - chunked bodies with empty, non-hex or over-16-digit sizes, bare LF or a missing CRLF, or chunk
+//!   lines and trailers over their limits (RFC 9112 7.1); bodies over `max_body_bytes` (413);
+//! - HTTP/1.1 requests without exactly one `Host` (RFC 9112 3.2);
+//! - a session header that is repeated, over 256 bytes, or not visible ASCII.
+//!
+//! What is accepted: empty lines before the request line and a bare LF ending head lines (RFC
+//! 9112 2.2 allows both; the head is rewritten with CRLF before forwarding), bytes 0x80-0xFF in
+//! header values, any `Expect` value (only `100-continue` is reported; the router reads whole
+//! bodies, so it answers `100 Continue` itself and does not forward `Expect`).
+
+pub mod chunked;
+pub mod error;
+pub mod forward;
+pub mod json;
+pub mod request;
+pub mod response;
+
+#[cfg(any(test, fuzzing))]
+pub mod harness;
+
+pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
+pub use error::{ErrorKind, ModelError, ProtocolError, Side};
+pub use forward::{write_upstream_head, ForwardInfo};
+pub use json::{find_model, rewrite_model, write_json_string, ModelField};
+pub use request::{parse_request_head, Framing, RequestHead};
+pub use response::{
+    parse_response_head, reason_phrase, write_client_response_head, write_error,
+    write_protocol_error, ClientInfo, RelayPlan, ResponseFraming, ResponseHead,
+};
+
+/// Header lines kept per head: the ceiling of [`Limits::max_headers`]. Heads store their header
+/// spans inline (16 bytes each), so a head is a fixed-size value that never allocates.
+pub const HEADERS_MAX: usize = 128;
+
+/// The longest session id accepted (SPEC 2.4).
+pub const SESSION_ID_BYTES_MAX: usize = 256;
+
+/// Limits applied to every request, from the configuration (SPEC 4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest request head, request line to the empty line included (431 beyond).
+    pub max_header_bytes: usize,
+    /// Most header lines (431 beyond); values above [`HEADERS_MAX`] act as `HEADERS_MAX`.
+    pub max_headers: usize,
+    /// Longest body, by `Content-Length` or decoded chunked size (413 beyond).
+    pub max_body_bytes: u64,
+    /// The session header's name, compared ASCII case-insensitively (e.g. `x-session-id`).
+    pub session_header: String,
+    /// Longest chunk-size line, extensions included, CRLF excluded.
+    pub max_chunk_line_bytes: usize,
+    /// Longest trailer section, CRLFs included.
+    pub max_trailer_bytes: usize,
+}
+
+impl Default for Limits {
+    /// SPEC 4's defaults, 100 header lines, 4 KiB chunk lines and 16 KiB of trailers.
+    fn default() -> Self {
+        Self {
+            max_header_bytes: 16_384,
+            max_headers: 100,
+            max_body_bytes: 16_777_216,
+            session_header: "x-session-id".to_owned(),
+            max_chunk_line_bytes: 4_096,
+            max_trailer_bytes: 16_384,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits of a chunked request body.
+    pub fn chunked(&self) -> ChunkedLimits {
+        ChunkedLimits {
+            max_body_bytes: self.max_body_bytes,
+            max_line_bytes: self.max_chunk_line_bytes,
+            max_trailer_bytes: self.max_trailer_bytes,
+        }
+    }
+}
+
+/// A byte range in the buffer a head was parsed from: `start..end`, offsets as `u32` (heads
+/// are bounded by `max_header_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Span {
+    /// First byte.
+    pub start: u32,
+    /// One past the last byte.
+    pub end: u32,
+}
+
+impl Span {
+    /// The bytes of this span in `buf`, the buffer the head was parsed from.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the span (a different buffer).
+    pub fn get(self, buf: &[u8]) -> &[u8] {
+        &buf[self.start as usize..self.end as usize]
+    }
+
+    /// Length in bytes.
+    pub fn len(self) -> usize {
+        (self.end - self.start) as usize
+    }
+
+    /// Whether the span is empty.
+    pub fn is_empty(self) -> bool {
+        self.start == self.end
+    }
+
+    /// The span of `part`, a subslice of `buf`. An empty part (which httparse may hand out as
+    /// a static `""`) is the empty span at 0.
+    fn of(buf: &[u8], part: &[u8]) -> Span {
+        if part.is_empty() {
+            return Span::default();
+        }
+        let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+        debug_assert!(start + part.len() <= buf.len(), "part lies inside buf");
+        Span { start: start as u32, end: (start + part.len()) as u32 }
+    }
+}
+
+/// One header line: name and value (value without surrounding whitespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct HeaderSpan {
+    /// The field name as sent (case preserved).
+    pub name: Span,
+    /// The field value, trimmed of leading and trailing whitespace.
+    pub value: Span,
+}
+
+/// The header lines of a head, in order, stored inline.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderList {
+    spans: [HeaderSpan; HEADERS_MAX],
+    len: u8,
+}
+
+impl std::fmt::Debug for HeaderList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl HeaderList {
+    fn from_httparse(buf: &[u8], headers: &[httparse::Header<'_>]) -> HeaderList {
+        debug_assert!(headers.len() <= HEADERS_MAX);
+        let mut list = HeaderList { spans: [HeaderSpan::default(); HEADERS_MAX], len: 0 };
+        for (slot, h) in list.spans.iter_mut().zip(headers) {
+            *slot = HeaderSpan {
+                name: Span::of(buf, h.name.as_bytes()),
+                value: Span::of(buf, h.value),
+            };
+        }
+        list.len = headers.len() as u8;
+        list
+    }
+
+    /// The header lines in order.
+    pub fn as_slice(&self) -> &[HeaderSpan] {
+        &self.spans[..usize::from(self.len)]
+    }
+
+    /// The first value of header `name` (ASCII case-insensitive).
+    pub fn get<'b>(&self, buf: &'b [u8], name: &str) -> Option<&'b [u8]> {
+        self.as_slice()
+            .iter()
+            .find(|h| h.name.get(buf).eq_ignore_ascii_case(name.as_bytes()))
+            .map(|h| h.value.get(buf))
+    }
+}
+
+/// The HTTP version of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// HTTP/1.0: close by default, no chunked coding.
+    Http10,
+    /// HTTP/1.1: keep-alive by default.
+    Http11,
+}
+
+impl Version {
+    fn from_minor(minor: u8) -> Version {
+        if minor == 0 {
+            Version::Http10
+        } else {
+            Version::Http11
+        }
+    }
+}
+
+/// Hop-by-hop header names (RFC 9110 7.6.1), never forwarded in either direction. Headers named
+/// by `Connection` are removed too, as are `Content-Length` and `Expect` on the way up (the head
+/// writers put their own framing).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Whether `name` is hop-by-hop: listed in [`HOP_BY_HOP`] or named by a `Connection` line.
+fn is_hop_by_hop(name: &[u8], headers: &HeaderList, buf: &[u8]) -> bool {
+    if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes())) {
+        return true;
+    }
+    headers
+        .as_slice()
+        .iter()
+        .filter(|h| h.name.get(buf).eq_ignore_ascii_case(b"connection"))
+        .any(|h| tokens(h.value.get(buf)).any(|t| t.eq_ignore_ascii_case(name)))
+}
+
+/// The comma-separated tokens of a list-valued header, trimmed, empty elements skipped.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b',').map(trim).filter(|t| !t.is_empty())
+}
+
+/// `value` without leading and trailing SP and HTAB.
+fn trim(value: &[u8]) -> &[u8] {
+    let start = value.iter().position(|b| !matches!(b, b' ' | b'\t')).unwrap_or(value.len());
+    let end = value.iter().rposition(|b| !matches!(b, b' ' | b'\t')).map_or(start, |e| e + 1);
+    &value[start..end]
+}
+
+/// Appends the decimal digits of `n` (no allocation).
+fn write_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends `name: value\r\n`.
+fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// An httparse error as a typed error caused by `side`.
+fn map_httparse(err: httparse::Error, side: Side) -> ProtocolError {
+    let kind = match err {
+        httparse::Error::HeaderName => ErrorKind::InvalidHeaderName,
+        httparse::Error::HeaderValue | httparse::Error::NewLine => ErrorKind::InvalidHeaderValue,
+        httparse::Error::TooManyHeaders => ErrorKind::TooManyHeaders,
+        httparse::Error::Version => ErrorKind::UnsupportedVersion,
+        httparse::Error::Status | httparse::Error::Token => ErrorKind::InvalidStartLine,
+    };
+    ProtocolError::new(kind, side)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(trim(b" \tab c\t "), b"ab c");
+        assert_eq!(trim(b"   "), b"");
+        assert_eq!(
+            tokens(b" close, ,Keep-Alive ").collect::<Vec<_>>(),
+            [&b"close"[..], b"Keep-Alive"]
+        );
+        let mut out = Vec::new();
+        write_decimal(&mut out, 0);
+        write_decimal(&mut out, u64::MAX);
+        assert_eq!(out, b"018446744073709551615");
+    }
+}

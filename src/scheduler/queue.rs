@@ -1,11 +1,15 @@
 //! The request arena and the four lanes of a model's queue.
 //!
-//! Every request the scheduler knows, queued or admitted, lives in one preallocated arena of
-//! [`Entry`] addressed by `u32` index; free entries form a singly linked free list through
-//! `next`. A request id finds its entry through a `hashbrown::HashTable<u32>` that stores only
-//! the index (the id is read back from the entry), so the index costs about 5 bytes per slot.
+//! Every request the scheduler knows, queued or admitted, lives in one preallocated arena
+//! addressed by `u32` index, split in two arrays (structure of arrays): the 64-byte [`Entry`]
+//! payloads, read when a request arrives, is admitted or ends, and the 20-byte [`Links`] that
+//! the heap and the lists rewrite while requests move around them. Sifting the heap and
+//! unlinking a neighbour then touch the dense link array, not a cold payload line per step.
+//! Free slots form a singly linked free list through `Links::lane.next`. A request id finds its
+//! slot through a `hashbrown::HashTable<u32>` that stores only the index (the id is read back
+//! from the entry), so the index costs about 5 bytes per slot.
 //!
-//! Lanes (SPEC S3, S4, 2.8), each intrusive through the entries' `prev`/`next` links:
+//! Lanes (SPEC S3, S4, 2.8), each an intrusive list through `Links::lane`:
 //! - `retry`: requests sent back after a retryable upstream failure, FIFO, served first;
 //! - `forced`: boosted requests promoted by bounded overtaking, FIFO (promotion always takes the
 //!   oldest boosted request, so appending keeps arrival order);
@@ -14,7 +18,12 @@
 //!   request in O(1) for the overtaking check;
 //! - `normal`: FIFO by arrival.
 //!
-//! A queued entry is in exactly one list; a boosted one is also in the heap.
+//! A queued entry is in exactly one lane list; a boosted one is also in the heap.
+//!
+//! Queue deadlines (S9) are `enqueue tick + queue.timeout`, so they grow in enqueue order: a
+//! FIFO of the queued entries in enqueue order (a second intrusive list, through
+//! `Links::deadline`) is an exact timer queue for them, O(1) to arm, disarm and expire, with the
+//! earliest deadline at its head.
 
 use hashbrown::HashTable;
 
@@ -37,7 +46,7 @@ pub(crate) enum Place {
     Admitted,
 }
 
-/// One request, queued or admitted. 72 bytes.
+/// One request's payload, queued or admitted. 64 bytes: one cache line.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry {
     pub id: u64,
@@ -51,12 +60,6 @@ pub(crate) struct Entry {
     pub boost_mark: u64,
     /// Queue deadline while queued with one, else [`NO_DEADLINE`].
     pub deadline: Tick,
-    pub prev: u32,
-    pub next: u32,
-    /// Links of the deadline list (enqueue order).
-    pub deadline_prev: u32,
-    pub deadline_next: u32,
-    pub heap_position: u32,
     /// Estimated prompt tokens (body bytes / 4), for the prefill backlog (S6.3).
     pub prompt_tokens: u32,
     /// The admitted backend; for a request in the retry lane, the backend that failed.
@@ -69,6 +72,8 @@ pub(crate) struct Entry {
     pub prefill_pending: bool,
 }
 
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+
 impl Entry {
     const FREE: Entry = Entry {
         id: 0,
@@ -77,11 +82,6 @@ impl Entry {
         arrived_at: 0,
         boost_mark: 0,
         deadline: NO_DEADLINE,
-        prev: NIL,
-        next: NIL,
-        deadline_prev: NIL,
-        deadline_next: NIL,
-        heap_position: NOT_IN_HEAP,
         prompt_tokens: 0,
         backend: NO_BACKEND,
         place: Place::Free,
@@ -104,20 +104,94 @@ impl Entry {
     }
 }
 
-/// The arena, as the heap sees it.
-#[derive(Debug)]
-struct Entries(Vec<Entry>);
+/// A doubly linked list position: previous and next slot, [`NIL`] at the ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Link {
+    prev: u32,
+    next: u32,
+}
 
-impl HeapArena for Entries {
-    fn set_heap_position(&mut self, index: u32, position: u32) {
-        self.0[index as usize].heap_position = position;
-    }
-    fn tie_before(&self, a: u32, b: u32) -> bool {
-        self.0[a as usize].seq < self.0[b as usize].seq
+impl Link {
+    const NONE: Link = Link { prev: NIL, next: NIL };
+}
+
+/// The positions of one slot in the queue's intrusive structures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Links {
+    /// In its lane list (or, for a free slot, `next` in the free list).
+    lane: Link,
+    /// In the deadline list.
+    deadline: Link,
+    heap_position: u32,
+}
+
+impl Links {
+    const NONE: Links =
+        Links { lane: Link::NONE, deadline: Link::NONE, heap_position: NOT_IN_HEAP };
+}
+
+/// Which of a slot's two links a list runs through.
+#[derive(Debug, Clone, Copy)]
+enum Via {
+    Lane,
+    Deadline,
+}
+
+impl Links {
+    fn via(&mut self, via: Via) -> &mut Link {
+        match via {
+            Via::Lane => &mut self.lane,
+            Via::Deadline => &mut self.deadline,
+        }
     }
 }
 
-/// An intrusive doubly linked list of entries.
+/// The arena: payloads and links, as the heap sees it.
+#[derive(Debug)]
+struct Arena {
+    entries: Vec<Entry>,
+    links: Vec<Links>,
+}
+
+impl HeapArena for Arena {
+    fn set_heap_position(&mut self, index: u32, position: u32) {
+        self.links[index as usize].heap_position = position;
+    }
+    fn tie_before(&self, a: u32, b: u32) -> bool {
+        self.entries[a as usize].seq < self.entries[b as usize].seq
+    }
+}
+
+impl Arena {
+    fn push_back(&mut self, list: &mut List, via: Via, index: u32) {
+        *self.links[index as usize].via(via) = Link { prev: list.tail, next: NIL };
+        if list.tail == NIL {
+            list.head = index;
+        } else {
+            self.links[list.tail as usize].via(via).next = index;
+        }
+        list.tail = index;
+        list.len += 1;
+    }
+
+    fn unlink(&mut self, list: &mut List, via: Via, index: u32) {
+        let Link { prev, next } = *self.links[index as usize].via(via);
+        if prev == NIL {
+            list.head = next;
+        } else {
+            self.links[prev as usize].via(via).next = next;
+        }
+        if next == NIL {
+            list.tail = prev;
+        } else {
+            self.links[next as usize].via(via).prev = prev;
+        }
+        *self.links[index as usize].via(via) = Link::NONE;
+        list.len -= 1;
+    }
+}
+
+/// An intrusive doubly linked list of slots.
 #[derive(Debug, Clone, Copy)]
 struct List {
     head: u32,
@@ -132,7 +206,7 @@ impl List {
 /// The arena, the id index and the lanes.
 #[derive(Debug)]
 pub(crate) struct Queue {
-    entries: Entries,
+    arena: Arena,
     free_head: u32,
     ids: HashTable<u32>,
     /// One list per lane, indexed by `Lane as usize`; the boosted one is in arrival order.
@@ -156,12 +230,12 @@ impl Queue {
     /// A queue whose arena holds `capacity` requests, queued and admitted together.
     pub fn with_capacity(capacity: u32) -> Queue {
         assert!(capacity > 0 && capacity < NIL, "queue capacity {capacity} out of range");
-        let mut entries = vec![Entry::FREE; capacity as usize];
-        for (index, entry) in entries.iter_mut().enumerate() {
-            entry.next = if index + 1 < capacity as usize { index as u32 + 1 } else { NIL };
+        let mut links = vec![Links::NONE; capacity as usize];
+        for (index, link) in links.iter_mut().enumerate() {
+            link.lane.next = if index + 1 < capacity as usize { index as u32 + 1 } else { NIL };
         }
         Queue {
-            entries: Entries(entries),
+            arena: Arena { entries: vec![Entry::FREE; capacity as usize], links },
             free_head: 0,
             ids: HashTable::with_capacity(capacity as usize),
             lists: [List::EMPTY; 4],
@@ -173,27 +247,28 @@ impl Queue {
 
     /// Bytes of every preallocated buffer.
     pub fn heap_bytes(&self) -> usize {
-        self.entries.0.capacity() * std::mem::size_of::<Entry>()
+        self.arena.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.arena.links.capacity() * std::mem::size_of::<Links>()
             + self.ids.allocation_size()
             + self.boosted.heap_bytes()
     }
 
     /// Arena capacity.
     pub fn capacity(&self) -> u32 {
-        self.entries.0.len() as u32
+        self.arena.entries.len() as u32
     }
 
     pub fn get(&self, index: u32) -> &Entry {
-        &self.entries.0[index as usize]
+        &self.arena.entries[index as usize]
     }
 
     pub fn get_mut(&mut self, index: u32) -> &mut Entry {
-        &mut self.entries.0[index as usize]
+        &mut self.arena.entries[index as usize]
     }
 
     /// The entry of request `id`, queued or admitted.
     pub fn find(&self, id: u64) -> Option<u32> {
-        let entries = &self.entries.0;
+        let entries = &self.arena.entries;
         self.ids.find(hash_id(id), |&index| entries[index as usize].id == id).copied()
     }
 
@@ -202,9 +277,10 @@ impl Queue {
     pub fn alloc(&mut self, entry: Entry) -> u32 {
         let index = self.free_head;
         assert!(index != NIL, "request arena exhausted (capacity {})", self.capacity());
-        self.free_head = self.entries.0[index as usize].next;
-        self.entries.0[index as usize] = entry;
-        let entries = &self.entries.0;
+        self.free_head = self.arena.links[index as usize].lane.next;
+        self.arena.links[index as usize] = Links::NONE;
+        self.arena.entries[index as usize] = entry;
+        let entries = &self.arena.entries;
         self.ids.insert_unique(hash_id(entry.id), index, |&i| hash_id(entries[i as usize].id));
         self.live += 1;
         index
@@ -213,7 +289,7 @@ impl Queue {
     /// Finds the entry of `id` and, if `keep` accepts it, drops `id` from the index in the same
     /// probe; the entry stays allocated until [`Queue::release`].
     pub fn unindex(&mut self, id: u64, keep: impl Fn(&Entry) -> bool) -> Option<u32> {
-        let entries = &self.entries.0;
+        let entries = &self.arena.entries;
         let found = self.ids.find_entry(hash_id(id), |&i| entries[i as usize].id == id).ok()?;
         let index = *found.get();
         if !keep(&entries[index as usize]) {
@@ -233,14 +309,10 @@ impl Queue {
 
     /// Returns an entry already dropped from the index (by [`Queue::unindex`]) to the free list.
     pub fn release(&mut self, index: u32) {
-        debug_assert!(
-            !matches!(self.get(index).place, Place::Queued(_)),
-            "releasing a queued entry"
-        );
-        let free_head = self.free_head;
-        let entry = self.get_mut(index);
-        *entry = Entry::FREE;
-        entry.next = free_head;
+        let place = self.get(index).place;
+        debug_assert!(!matches!(place, Place::Queued(_)), "releasing a queued entry");
+        self.arena.entries[index as usize] = Entry::FREE;
+        self.arena.links[index as usize].lane.next = self.free_head;
         self.free_head = index;
         self.live -= 1;
     }
@@ -275,9 +347,9 @@ impl Queue {
     pub fn enqueue(&mut self, index: u32, lane: Lane, completed_at: Tick) {
         self.get_mut(index).place = Place::Queued(lane);
         if lane == Lane::Boosted {
-            self.boosted.push(u64::MAX - completed_at, index, &mut self.entries);
+            self.boosted.push(u64::MAX - completed_at, index, &mut self.arena);
         }
-        Self::push_back(&mut self.entries.0, &mut self.lists[lane as usize], index);
+        self.arena.push_back(&mut self.lists[lane as usize], Via::Lane, index);
     }
 
     /// Takes `index` out of its lane; it stays allocated.
@@ -286,10 +358,10 @@ impl Queue {
             panic!("dequeue of entry {index} that is not queued");
         };
         if lane == Lane::Boosted {
-            let position = self.get(index).heap_position;
-            self.boosted.remove(position, &mut self.entries);
+            let position = self.arena.links[index as usize].heap_position;
+            self.boosted.remove(position, &mut self.arena);
         }
-        Self::unlink(&mut self.entries.0, &mut self.lists[lane as usize], index);
+        self.arena.unlink(&mut self.lists[lane as usize], Via::Lane, index);
         self.get_mut(index).place = Place::Free;
         lane
     }
@@ -298,40 +370,16 @@ impl Queue {
     pub fn arm_deadline(&mut self, index: u32, deadline: Tick) {
         let tail = self.deadlines.tail;
         debug_assert!(tail == NIL || self.get(tail).deadline <= deadline, "deadline out of order");
-        let entries = &mut self.entries.0;
-        entries[index as usize].deadline = deadline;
-        entries[index as usize].deadline_prev = tail;
-        entries[index as usize].deadline_next = NIL;
-        if tail == NIL {
-            self.deadlines.head = index;
-        } else {
-            entries[tail as usize].deadline_next = index;
-        }
-        self.deadlines.tail = index;
-        self.deadlines.len += 1;
+        self.arena.entries[index as usize].deadline = deadline;
+        self.arena.push_back(&mut self.deadlines, Via::Deadline, index);
     }
 
     /// Disarms the deadline of `index`, if it has one.
     pub fn disarm_deadline(&mut self, index: u32) {
-        let entries = &mut self.entries.0;
-        let Entry { deadline, deadline_prev: prev, deadline_next: next, .. } =
-            entries[index as usize];
-        if deadline == NO_DEADLINE {
-            return;
+        if self.get(index).deadline != NO_DEADLINE {
+            self.arena.unlink(&mut self.deadlines, Via::Deadline, index);
+            self.arena.entries[index as usize].deadline = NO_DEADLINE;
         }
-        if prev == NIL {
-            self.deadlines.head = next;
-        } else {
-            entries[prev as usize].deadline_next = next;
-        }
-        if next == NIL {
-            self.deadlines.tail = prev;
-        } else {
-            entries[next as usize].deadline_prev = prev;
-        }
-        let entry = &mut entries[index as usize];
-        (entry.deadline, entry.deadline_prev, entry.deadline_next) = (NO_DEADLINE, NIL, NIL);
-        self.deadlines.len -= 1;
     }
 
     /// The queued entry with the earliest deadline, and that deadline.
@@ -347,38 +395,9 @@ impl Queue {
         self.enqueue(index, Lane::Forced, 0);
     }
 
-    fn push_back(entries: &mut [Entry], list: &mut List, index: u32) {
-        entries[index as usize].prev = list.tail;
-        entries[index as usize].next = NIL;
-        if list.tail == NIL {
-            list.head = index;
-        } else {
-            entries[list.tail as usize].next = index;
-        }
-        list.tail = index;
-        list.len += 1;
-    }
-
-    fn unlink(entries: &mut [Entry], list: &mut List, index: u32) {
-        let Entry { prev, next, .. } = entries[index as usize];
-        if prev == NIL {
-            list.head = next;
-        } else {
-            entries[prev as usize].next = next;
-        }
-        if next == NIL {
-            list.tail = prev;
-        } else {
-            entries[next as usize].prev = prev;
-        }
-        entries[index as usize].prev = NIL;
-        entries[index as usize].next = NIL;
-        list.len -= 1;
-    }
-
     /// Visits every admitted entry.
     pub fn for_each_admitted(&self, mut visit: impl FnMut(u32, &Entry)) {
-        for (index, entry) in self.entries.0.iter().enumerate() {
+        for (index, entry) in self.arena.entries.iter().enumerate() {
             if entry.place == Place::Admitted {
                 visit(index as u32, entry);
             }
@@ -387,19 +406,21 @@ impl Queue {
 
     /// Checks lists, heap, id index and free list against each other; panics on a violation.
     pub fn check_invariants(&self) {
-        let entries = &self.entries.0;
+        let Arena { entries, links } = &self.arena;
         for lane in Lane::ALL {
-            self.check_list(lane, self.lists[lane as usize]);
+            self.check_list(lane, self.lists[lane as usize], Via::Lane);
         }
-        self.boosted.check_invariants(&self.entries, |index| entries[index as usize].heap_position);
+        self.check_list(Lane::Normal, self.deadlines, Via::Deadline);
+        self.boosted.check_invariants(&self.arena, |index| links[index as usize].heap_position);
         assert_eq!(self.boosted.len() as u32, self.lane_len(Lane::Boosted), "heap/list size");
-        self.check_deadlines();
+        let armed = entries.iter().filter(|entry| entry.deadline != NO_DEADLINE).count();
+        assert_eq!(armed as u32, self.deadlines.len, "armed deadlines outside the list");
         let mut free = 0;
         let mut index = self.free_head;
         while index != NIL {
             assert_eq!(entries[index as usize].place, Place::Free, "free list holds a live entry");
             free += 1;
-            index = entries[index as usize].next;
+            index = links[index as usize].lane.next;
         }
         assert_eq!(free + self.live, self.capacity(), "free list + live != capacity");
         assert_eq!(self.ids.len() as u32, self.live, "id index size");
@@ -410,51 +431,39 @@ impl Queue {
         }
     }
 
-    fn check_deadlines(&self) {
-        let entries = &self.entries.0;
-        let (mut count, mut prev, mut index) = (0, NIL, self.deadlines.head);
-        while index != NIL {
-            let entry = &entries[index as usize];
-            assert!(matches!(entry.place, Place::Queued(_)), "deadline of an unqueued entry");
-            assert_eq!(entry.deadline_prev, prev, "broken deadline link at {index}");
-            if prev != NIL {
-                assert!(
-                    entries[prev as usize].deadline <= entry.deadline,
-                    "deadlines out of order"
-                );
-            }
-            count += 1;
-            prev = index;
-            index = entry.deadline_next;
-        }
-        assert_eq!(self.deadlines.tail, prev, "deadline list tail");
-        assert_eq!(self.deadlines.len, count, "deadline list length");
-        let armed = entries.iter().filter(|entry| entry.deadline != NO_DEADLINE).count();
-        assert_eq!(armed as u32, count, "armed deadlines outside the list");
-    }
-
     /// Queued entries with a deadline.
     pub fn deadlines_armed(&self) -> u32 {
         self.deadlines.len
     }
 
-    fn check_list(&self, lane: Lane, list: List) {
-        let entries = &self.entries.0;
+    /// Checks one list's links, length and order: a lane list (`lane`) or the deadline list.
+    fn check_list(&self, lane: Lane, list: List, via: Via) {
+        let Arena { entries, links } = &self.arena;
+        let link = |index: u32| match via {
+            Via::Lane => links[index as usize].lane,
+            Via::Deadline => links[index as usize].deadline,
+        };
         let (mut count, mut prev, mut index) = (0, NIL, list.head);
         while index != NIL {
             let entry = &entries[index as usize];
-            assert_eq!(entry.place, Place::Queued(lane), "entry {index} in the wrong list");
-            assert_eq!(entry.prev, prev, "broken prev link at {index}");
-            if lane != Lane::Retry && prev != NIL {
-                assert!(entries[prev as usize].seq < entry.seq, "{lane:?} list out of order");
+            assert_eq!(link(index).prev, prev, "broken {via:?} link at {index}");
+            if let Via::Deadline = via {
+                assert!(matches!(entry.place, Place::Queued(_)), "deadline of unqueued {index}");
+                let earlier = prev == NIL || entries[prev as usize].deadline <= entry.deadline;
+                assert!(earlier, "deadlines out of order at {index}");
+            } else {
+                assert_eq!(entry.place, Place::Queued(lane), "entry {index} in the wrong list");
+                let ordered =
+                    lane == Lane::Retry || prev == NIL || entries[prev as usize].seq < entry.seq;
+                assert!(ordered, "{lane:?} list out of order");
+                let in_heap = links[index as usize].heap_position != NOT_IN_HEAP;
+                assert_eq!(in_heap, lane == Lane::Boosted, "heap membership of entry {index}");
             }
-            let in_heap = entry.heap_position != NOT_IN_HEAP;
-            assert_eq!(in_heap, lane == Lane::Boosted, "heap membership of entry {index}");
             count += 1;
             prev = index;
-            index = entry.next;
+            index = link(index).next;
         }
-        assert_eq!(list.tail, prev, "{lane:?} tail");
-        assert_eq!(list.len, count, "{lane:?} length");
+        assert_eq!(list.tail, prev, "{via:?} list tail");
+        assert_eq!(list.len, count, "{via:?} list length");
     }
 }

@@ -42,7 +42,7 @@ pub enum ErrorKind {
     UnsupportedTransferEncoding,
     /// 400: `Transfer-Encoding` in an HTTP/1.0 message (RFC 9112 section 6.1).
     TransferEncodingInHttp10,
-    /// 400: an HTTP/1.1 request without `Host`, or with more than one.
+    /// 400: more than one `Host`, or none in an HTTP/1.1 request (RFC 9112 3.2).
     InvalidHost,
     /// 400: the session header is longer than 256 bytes.
     SessionIdTooLong,

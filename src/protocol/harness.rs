@@ -222,12 +222,10 @@ fn trailer(
         }
         let Some(line_end) = line_end else { return Ok(None) };
         for (offset, want) in [(0, b'\r'), (1, b'\n')] {
+            let Some(&b) = input.get(line_end + offset) else { return Ok(None) };
             used += 1;
-            match input.get(line_end + offset) {
-                _ if used > limits.max_trailer_bytes => return Err(ErrorKind::InvalidTrailer),
-                None => return Ok(None),
-                Some(&b) if b == want => {}
-                Some(_) => return Err(ErrorKind::InvalidTrailer),
+            if used > limits.max_trailer_bytes || b != want {
+                return Err(ErrorKind::InvalidTrailer);
             }
         }
         pos = line_end + 2;

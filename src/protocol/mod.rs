@@ -27,7 +27,7 @@
 //!   HTAB); whitespace between a header name and its colon; control characters in names or values;
 //! - chunked bodies with empty, non-hex or over-16-digit sizes, bare LF or a missing CRLF, or chunk
 //!   lines and trailers over their limits (RFC 9112 7.1); bodies over `max_body_bytes` (413);
-//! - HTTP/1.1 requests without exactly one `Host` (RFC 9112 3.2);
+//! - more than one `Host`, or none in an HTTP/1.1 request (RFC 9112 3.2);
 //! - a session header that is repeated, over 256 bytes, or not visible ASCII.
 //!
 //! What is accepted: empty lines before the request line and a bare LF ending head lines (RFC

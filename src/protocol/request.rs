@@ -127,7 +127,7 @@ pub fn parse_request_head(
     let headers = HeaderList::from_httparse(buf, req.headers);
     let facts = gather(buf, &headers, limits)?;
     let framing = framing(&facts, version, limits)?;
-    if version == Version::Http11 && facts.hosts != 1 {
+    if facts.hosts > 1 || version == Version::Http11 && facts.hosts == 0 {
         return Err(err(ErrorKind::InvalidHost));
     }
     Ok(Some(RequestHead {

@@ -124,6 +124,7 @@ fn malformed_lines_are_400() {
     assert_eq!(kind(b"POST  / HTTP/1.1\r\n\r\n"), ErrorKind::InvalidStartLine);
     assert_eq!(kind(b"POST / HTTP/1.1\r\n\r\n"), ErrorKind::InvalidHost);
     assert_eq!(kind(b"POST / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"), ErrorKind::InvalidHost);
+    assert_eq!(kind(b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"), ErrorKind::InvalidHost);
     // Bytes 0x80-0xFF are allowed in values.
     assert!(head(b"GET / HTTP/1.1\r\nHost: a\r\nX-Name: caf\xc3\xa9 \xff\r\n\r\n").keep_alive);
 }

@@ -1,0 +1,7 @@
+//! The incremental chunked decoder, fed in arbitrary pieces, against a whole-buffer reference
+//! decoder of RFC 9112 7.1 with the same limits (`warmpath::protocol::harness::check_chunked`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| warmpath::protocol::harness::check_chunked(data));

@@ -2,9 +2,10 @@
 //!
 //! [`find_model`] is a single forward pass that validates the whole body against RFC 8259 while
 //! it looks for the key, without building anything: nesting is a 128-bit stack (bit *d* set when
-//! level *d* is an object), strings are skipped with `memchr2` for `"` and `\`, the bytes between
-//! are checked for control characters and UTF-8 in bulk, and only escapes are read byte by byte.
-//! It costs a fraction of a `serde_json::Value` parse (see `benches/protocol.rs`).
+//! level *d* is an object), and strings, most of a chat body, are skipped eight bytes per step
+//! while the bytes are plain ASCII (a SWAR test for `"`, `\`, control characters and bytes over
+//! 0x7F); only those bytes are looked at one by one, UTF-8 sequences validated as they come. It
+//! costs a fraction of a `serde_json::Value` parse (see `benches/protocol.rs`).
 //!
 //! Decisions:
 //! - Keys are compared after unescaping, so `"mod\u0065l"` **is** the key `model` (as it is to
@@ -21,8 +22,6 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
-
-use memchr::memchr2;
 
 use super::error::ModelError;
 
@@ -328,37 +327,80 @@ impl Scanner<'_> {
         }
     }
 
-    /// Skips a string starting at its opening quote; returns whether it holds escapes.
+    /// Skips a string starting at its opening quote; returns whether it holds escapes. Plain
+    /// ASCII is skipped eight bytes at a time; quotes, escapes, control characters and UTF-8
+    /// sequences are handled a byte (or a sequence) at a time.
     fn string(&mut self) -> Result<bool, ModelError> {
-        self.pos += 1;
+        let buf = self.buf;
+        let mut pos = self.pos + 1;
         let mut escaped = false;
         loop {
-            let rest = &self.buf[self.pos..];
-            let end = memchr2(b'"', b'\\', rest)
-                .ok_or(ModelError::InvalidJson { offset: self.buf.len() })?;
-            check_plain(&rest[..end])
-                .map_err(|at| ModelError::InvalidJson { offset: self.pos + at })?;
-            self.pos += end;
-            if rest[end] == b'"' {
-                self.pos += 1;
-                return Ok(escaped);
+            while let Some(word) = buf.get(pos..pos + 8) {
+                if needs_attention(u64::from_le_bytes(word.try_into().expect("8 bytes"))) {
+                    break;
+                }
+                pos += 8;
             }
-            escaped = true;
-            self.pos = escape_end(self.buf, self.pos).ok_or(self.invalid())?;
+            let Some(&b) = buf.get(pos) else {
+                return Err(ModelError::InvalidJson { offset: buf.len() });
+            };
+            let next = match b {
+                b'"' => {
+                    self.pos = pos + 1;
+                    return Ok(escaped);
+                }
+                b'\\' => {
+                    escaped = true;
+                    escape_end(buf, pos)
+                }
+                0..=0x1f => None,
+                0x20..=0x7f => Some(pos + 1),
+                _ => utf8_end(buf, pos),
+            };
+            pos = next.ok_or(ModelError::InvalidJson { offset: pos })?;
         }
     }
 }
 
-/// Checks unescaped string bytes: no control characters, valid UTF-8. A `"` or `\` ends each
-/// run, and neither can sit inside a UTF-8 sequence, so runs are checked independently.
-fn check_plain(run: &[u8]) -> Result<(), usize> {
-    if run.iter().fold(false, |ctl, &b| ctl | (b < 0x20)) {
-        return Err(run.iter().position(|&b| b < 0x20).unwrap_or(0));
+/// `0x01` in every byte.
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+/// `0x80` in every byte.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any of the eight bytes of `word` is `"`, `\`, a control character (below 0x20) or
+/// not ASCII. SWAR: `v - 0x01.. & !v & 0x80..` is non-zero exactly when some byte of `v` is
+/// zero, and `x - 0x20.. & !x & 0x80..` when some byte of `x` is below 0x20 (the "has less
+/// than" test of Bit Twiddling Hacks, exact for thresholds up to 0x80).
+fn needs_attention(word: u64) -> bool {
+    let has_zero = |v: u64| v.wrapping_sub(LOW_BITS) & !v & HIGH_BITS;
+    let quote = has_zero(word ^ (LOW_BITS * u64::from(b'"')));
+    let backslash = has_zero(word ^ (LOW_BITS * u64::from(b'\\')));
+    let control = word.wrapping_sub(LOW_BITS * 0x20) & !word & HIGH_BITS;
+    (quote | backslash | control | (word & HIGH_BITS)) != 0
+}
+
+/// The end of the UTF-8 sequence starting at `at` (a byte of 0x80 or more), or `None` if it is
+/// not well-formed (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
+fn utf8_end(buf: &[u8], at: usize) -> Option<usize> {
+    let (len, second) = match buf[at] {
+        0xc2..=0xdf => (2, 0x80..=0xbf),
+        0xe0 => (3, 0xa0..=0xbf),
+        0xe1..=0xec | 0xee..=0xef => (3, 0x80..=0xbf),
+        0xed => (3, 0x80..=0x9f),
+        0xf0 => (4, 0x90..=0xbf),
+        0xf1..=0xf3 => (4, 0x80..=0xbf),
+        0xf4 => (4, 0x80..=0x8f),
+        _ => return None,
+    };
+    if !second.contains(buf.get(at + 1)?) {
+        return None;
     }
-    if !run.is_ascii() {
-        std::str::from_utf8(run).map_err(|e| e.valid_up_to())?;
+    for i in 2..len {
+        if buf.get(at + i)? & 0xc0 != 0x80 {
+            return None;
+        }
     }
-    Ok(())
+    Some(at + len)
 }
 
 /// The end of the escape at `at` (a `\`), or `None` if it is invalid (unknown escape, bad hex,

@@ -267,6 +267,31 @@ fn huge_bodies() {
 }
 
 #[test]
+fn utf8_sequences_match_std() {
+    for lead in 0x80..=0xffu8 {
+        for second in 0..=0xffu8 {
+            for (third, fourth) in [(0x80, 0x80), (0xbf, 0xbf), (0x41, 0x80), (0x80, 0x41)] {
+                let buf = [lead, second, third, fourth];
+                let expected = (2..=4).find(|&n| std::str::from_utf8(&buf[..n]).is_ok());
+                assert_eq!(utf8_end(&buf, 0), expected, "{buf:x?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn swar_test_flags_exactly_the_special_bytes() {
+    for b in 0..=0xffu8 {
+        let special = b == b'"' || b == b'\\' || b < 0x20 || b >= 0x80;
+        for at in 0..8 {
+            let mut word = [b'a'; 8];
+            word[at] = b;
+            assert_eq!(needs_attention(u64::from_le_bytes(word)), special, "{b:#x} at {at}");
+        }
+    }
+}
+
+#[test]
 fn rewrite_keeps_every_other_byte() {
     let body = b"{ \"model\" : \"short\",\n \"messages\":[{\"model\":\"short\"}], \"x\":1 }";
     let f = find_model(body).unwrap();

@@ -282,7 +282,7 @@ fn utf8_sequences_match_std() {
 #[test]
 fn swar_test_flags_exactly_the_special_bytes() {
     for b in 0..=0xffu8 {
-        let special = b == b'"' || b == b'\\' || b < 0x20 || b >= 0x80;
+        let special = b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
         for at in 0..8 {
             let mut word = [b'a'; 8];
             word[at] = b;

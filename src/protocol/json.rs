@@ -336,7 +336,10 @@ impl Scanner<'_> {
         let mut escaped = false;
         loop {
             while let Some(word) = buf.get(pos..pos + 8) {
-                if needs_attention(u64::from_le_bytes(word.try_into().expect("8 bytes"))) {
+                let mask = attention(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+                if mask != 0 {
+                    // The lowest flagged byte is exact (borrows only run upwards).
+                    pos += (mask.trailing_zeros() / 8) as usize;
                     break;
                 }
                 pos += 8;
@@ -367,16 +370,17 @@ const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 /// `0x80` in every byte.
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
-/// Whether any of the eight bytes of `word` is `"`, `\`, a control character (below 0x20) or
-/// not ASCII. SWAR: `v - 0x01.. & !v & 0x80..` is non-zero exactly when some byte of `v` is
-/// zero, and `x - 0x20.. & !x & 0x80..` when some byte of `x` is below 0x20 (the "has less
-/// than" test of Bit Twiddling Hacks, exact for thresholds up to 0x80).
-fn needs_attention(word: u64) -> bool {
+/// The high bit of each byte of `word` (little-endian) that is `"`, `\`, a control character
+/// (below 0x20) or not ASCII; zero when there is none. SWAR: `v - 0x01.. & !v & 0x80..` flags
+/// zero bytes of `v`, and `x - 0x20.. & !x & 0x80..` bytes of `x` below 0x20 (the "has less
+/// than" test of Bit Twiddling Hacks, exact for thresholds up to 0x80). A borrow can flag a
+/// byte above a true match, never below one, so the lowest flag is always exact.
+fn attention(word: u64) -> u64 {
     let has_zero = |v: u64| v.wrapping_sub(LOW_BITS) & !v & HIGH_BITS;
     let quote = has_zero(word ^ (LOW_BITS * u64::from(b'"')));
     let backslash = has_zero(word ^ (LOW_BITS * u64::from(b'\\')));
     let control = word.wrapping_sub(LOW_BITS * 0x20) & !word & HIGH_BITS;
-    (quote | backslash | control | (word & HIGH_BITS)) != 0
+    quote | backslash | control | (word & HIGH_BITS)
 }
 
 /// The end of the UTF-8 sequence starting at `at` (a byte of 0x80 or more), or `None` if it is

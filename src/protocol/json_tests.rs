@@ -280,13 +280,21 @@ fn utf8_sequences_match_std() {
 }
 
 #[test]
-fn swar_test_flags_exactly_the_special_bytes() {
+fn swar_test_finds_the_first_special_byte() {
+    let special = |b: u8| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
     for b in 0..=0xffu8 {
-        let special = b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
-        for at in 0..8 {
-            let mut word = [b'a'; 8];
-            word[at] = b;
-            assert_eq!(needs_attention(u64::from_le_bytes(word)), special, "{b:#x} at {at}");
+        for other in [b'a', b'"', 0x00, 0x1f, 0xff, b'\\'] {
+            for at in 0..8 {
+                let mut word = [b'a'; 8];
+                word[at] = b;
+                for slot in word.iter_mut().skip(at + 1).step_by(3) {
+                    *slot = other;
+                }
+                let first = word.iter().position(|&w| special(w));
+                let mask = attention(u64::from_le_bytes(word));
+                let found = (mask != 0).then(|| (mask.trailing_zeros() / 8) as usize);
+                assert_eq!(found, first, "{word:x?}");
+            }
         }
     }
 }

@@ -24,6 +24,9 @@
 //!   retry admissions neither count nor reset. When the streak reaches the bound the oldest
 //!   normal request goes next, after the retry and forced lanes.
 //! - Forced admissions count as boosted admissions for S4 (a forced request is boosted).
+//! - S7's "backend recorded for the request's session" is read when the request arrives, by the
+//!   same tracker lookup as the boost decision (a follow-up arrives after its previous turn
+//!   completed, so the two moments agree but for concurrent requests of one session).
 //! - A grace hit (S8) is admitted into the held slot directly, if that backend is still healthy,
 //!   and counts as a boosted admission. Grace applies only under `session-boost`.
 //! - A backend ejected after `eject_after_failures` consecutive retryable failures returns when
@@ -457,16 +460,16 @@ impl Scheduler {
             self.stats.rejected_full += 1;
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
-        let completion = match arrival.session {
-            Some(session) if self.params.boost => self.tracker.lookup(session),
-            _ => None,
-        };
+        // One lookup serves the boost decision (S1) and the session's backend (S7).
+        let last_turn = arrival.session.and_then(|session| self.tracker.lookup(session));
+        let completion = last_turn.filter(|_| self.params.boost);
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut entry = Entry::new(id.0, arrival.session, seq, now);
         entry.prompt_tokens = arrival.prompt_tokens;
         entry.streaming = arrival.streaming;
         entry.boost_mark = self.boosted_admits;
+        entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
         let index = self.queue.alloc(entry);
         if let Some(completion) = completion {
             if self.grace_hit(now, index, out) {
@@ -687,9 +690,8 @@ impl Scheduler {
             self.promote_overtaken();
             let (index, lane) = self.next_in_order();
             let entry = self.queue.get(index);
-            let (session, failed) = (entry.has_session.then_some(entry.session), entry.backend);
-            let home = self.home_of(session);
-            let avoid = if lane == Lane::Retry { failed } else { NO_BACKEND };
+            let home = entry.home;
+            let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
             let (backend, affinity) = policy::choose(
                 self.params.routing,
                 &self.backends,
@@ -736,12 +738,6 @@ impl Scheduler {
             .iter()
             .find_map(|&lane| self.queue.first(lane).map(|index| (index, lane)))
             .expect("admission with an empty queue")
-    }
-
-    /// The session's last backend, when the tracker remembers it.
-    fn home_of(&self, session: Option<u64>) -> u16 {
-        let completion = session.and_then(|session| self.tracker.lookup(session));
-        completion.map_or(NO_BACKEND, |completion| completion.backend)
     }
 
     /// Admits the (already unqueued) entry `index` to `backend`.

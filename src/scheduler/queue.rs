@@ -64,6 +64,8 @@ pub(crate) struct Entry {
     pub prompt_tokens: u32,
     /// The admitted backend; for a request in the retry lane, the backend that failed.
     pub backend: u16,
+    /// The backend of the session's last completed turn when the request arrived (S7).
+    pub home: u16,
     pub place: Place,
     pub retries: u8,
     pub has_session: bool,
@@ -84,6 +86,7 @@ impl Entry {
         deadline: NO_DEADLINE,
         prompt_tokens: 0,
         backend: NO_BACKEND,
+        home: NO_BACKEND,
         place: Place::Free,
         retries: 0,
         has_session: false,

@@ -31,6 +31,7 @@ struct Queued {
     streaming: bool,
     retries: u8,
     avoid: u16,
+    home: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -183,8 +184,8 @@ impl Reference {
             self.stats.rejected_full += 1;
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
-        let completion =
-            arrival.session.filter(|_| self.p.boost).and_then(|s| self.tracker.lookup(s));
+        let last_turn = arrival.session.and_then(|s| self.tracker.lookup(s));
+        let completion = last_turn.filter(|_| self.p.boost);
         let mut request = Queued {
             id: id.0,
             session: arrival.session,
@@ -199,6 +200,7 @@ impl Reference {
             streaming: arrival.streaming,
             retries: 0,
             avoid: NONE,
+            home: last_turn.map_or(NONE, |turn| turn.backend),
         };
         self.next_seq += 1;
         if let Some(completion) = completion {
@@ -410,7 +412,7 @@ impl Reference {
     }
 
     fn choose(&mut self, request: &Queued, now: Tick) -> (u16, bool) {
-        let home = request.session.and_then(|s| self.tracker.lookup(s)).map_or(NONE, |c| c.backend);
+        let home = request.home;
         let avoid = request.avoid;
         let routing = self.p.routing;
         if routing == Routing::SessionAffinity

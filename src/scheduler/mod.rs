@@ -5,15 +5,15 @@
 //! and never reads the clock, so the same sequence of inputs always produces the same outputs;
 //! tests, the fuzzer and the deterministic simulation drive it on a simulated clock.
 //!
-//! Each call runs three phases: (1) fire the timers due at `now` (queue deadlines S9, grace
-//! windows S8, stale waiting gauges S6); (2) apply the input; (3) admit as many queued requests
+//! Each call runs three phases: (1) fire what is due at `now` (queue deadlines S9 from the
+//! deadline list, grace windows S8 and stale waiting gauges S6 from the wheel); (2) apply the input; (3) admit as many queued requests
 //! as the gates allow (S6), in the order of S3-S5, each bound to a backend by S7.
 //!
 //! Structures, all preallocated from [`Params`] at construction (nothing allocates per request):
-//! - [`queue`]: the request arena, the id index and the lanes (retry, forced, boosted, normal),
-//!   with the boosted lane an intrusive indexed [`heap`];
+//! - `queue`: the request arena, the id index, the lanes (retry, forced, boosted, normal), with
+//!   the boosted lane an intrusive indexed [`heap`], and the deadline list;
 //! - [`tracker`]: the CLOCK session tracker of S1/S2;
-//! - [`wheel`]: the hierarchical timer wheel;
+//! - [`wheel`]: the hierarchical timer wheel (grace windows, stale gauges);
 //! - [`policy`]: per-backend state, gates and backend choice.
 //!
 //! Decisions where SPEC is silent (also in ARCHITECTURE.md):

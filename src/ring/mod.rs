@@ -93,6 +93,11 @@ impl<T, W: Wake> Ring<T, W> {
         self.sleeping.store(false, Ordering::Relaxed);
     }
 
+    /// The consumer's waker.
+    pub fn waker(&self) -> &W {
+        &self.waker
+    }
+
     /// Wakes the consumer whether or not a message is waiting (to stop it, for example).
     pub fn wake(&self) {
         self.waker.wake();

@@ -47,6 +47,7 @@ pub mod harness;
 pub mod reference;
 #[cfg(test)]
 mod tests;
+pub mod thread;
 
 use std::time::Duration;
 
@@ -61,8 +62,24 @@ use tracker::SessionTracker;
 use wheel::{TimerKey, TimerWheel};
 
 /// A request's id, unique among the requests a scheduler knows (the shards make them unique).
+///
+/// Encoding, when made by [`RequestId::new`]: high 16 bits, the index of the shard that owns the
+/// client connection (where admissions and rejections are sent back); low 48 bits, that shard's
+/// serial number. The scheduler core itself only compares ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
+
+impl RequestId {
+    /// The id of request `serial` (wrapping at 2^48) of shard `shard`.
+    pub fn new(shard: u16, serial: u64) -> RequestId {
+        RequestId(u64::from(shard) << 48 | (serial & ((1 << 48) - 1)))
+    }
+
+    /// The shard that owns this request.
+    pub fn shard(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+}
 
 /// The queue lanes, in the order admission serves them (S3, with the retry lane of 2.8 first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

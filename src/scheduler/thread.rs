@@ -1,0 +1,192 @@
+//! The thread around a model's sans-IO [`Scheduler`]: it drains the model's inbound ring (from
+//! the shards and the control thread), feeds each input to the scheduler with the current
+//! tick, sends every admission and rejection to the ring of the shard that owns the request
+//! (the shard index is in the [`RequestId`]), and sleeps until the next message or the next
+//! timer the scheduler reports, whichever comes first. So a queue deadline or the end of a grace
+//! window is acted on when it falls due, with no traffic to trigger it (SPEC section 9, defect 1).
+//!
+//! Nothing is lost to a full shard ring: decisions that do not fit wait in a per-shard backlog,
+//! in order, and the thread retries them every [`BACKLOG_RETRY`] until they fit. A full inbound
+//! ring is the producers' concern: `Ring::push` hands the message back and the shard answers
+//! the client itself (503) or retries.
+//!
+//! The thread is the only writer of its scheduler's state (an architecture invariant): the
+//! scheduler moves into the thread at spawn and comes back out of [`SchedulerThread::stop`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::ring::{Ring, Wake};
+
+use super::{Input, Output, Scheduler};
+
+/// Inputs handled per pass before delivering and looking at the clock again.
+const BATCH: usize = 256;
+/// How soon a thread with undelivered decisions looks at the full shard rings again.
+pub const BACKLOG_RETRY: Duration = Duration::from_micros(50);
+
+/// Wakes the thread that registered as a ring's consumer (before it registers, it has not slept
+/// yet, so there is nothing to wake).
+#[derive(Debug, Default)]
+pub struct ThreadWaker(OnceLock<Thread>);
+
+impl ThreadWaker {
+    /// Makes the calling thread the one to wake; the first registration stays.
+    pub fn register(&self) {
+        self.0.get_or_init(std::thread::current);
+    }
+}
+
+impl Wake for ThreadWaker {
+    fn wake(&self) {
+        if let Some(thread) = self.0.get() {
+            thread.unpark();
+        }
+    }
+}
+
+/// A model's inbound ring: shards and the control thread push [`Input`]s into it.
+pub type Inbox = Ring<Input, ThreadWaker>;
+
+/// A running scheduler thread.
+#[derive(Debug)]
+pub struct SchedulerThread {
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
+    join: JoinHandle<Scheduler>,
+}
+
+impl SchedulerThread {
+    /// Starts a thread named `name` running `scheduler`, with an inbox of `inbox_capacity`
+    /// inputs; decisions go to `shards[request.shard()]`.
+    pub fn spawn<W: Wake + 'static>(
+        name: String,
+        scheduler: Scheduler,
+        inbox_capacity: usize,
+        shards: Vec<Arc<Ring<Output, W>>>,
+        clock: Clock,
+    ) -> std::io::Result<SchedulerThread> {
+        let inbox = Arc::new(Ring::new(inbox_capacity, ThreadWaker::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            scheduler,
+            inbox: Arc::clone(&inbox),
+            backlog: shards.iter().map(|_| VecDeque::new()).collect(),
+            shards,
+            out: Vec::with_capacity(BATCH * 2),
+            stop: Arc::clone(&stop),
+            clock,
+        };
+        let join = std::thread::Builder::new().name(name).spawn(move || worker.run())?;
+        Ok(SchedulerThread { inbox, stop, join })
+    }
+
+    /// The ring to push inputs into.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+
+    /// Stops the thread once its inbox is drained and every decision delivered; returns the
+    /// scheduler. Send [`Input::Shutdown`] first for SPEC S13's behaviour.
+    pub fn stop(self) -> Scheduler {
+        self.stop.store(true, Ordering::Release);
+        self.inbox.wake();
+        self.join.join().expect("scheduler thread panicked")
+    }
+}
+
+struct Worker<W> {
+    scheduler: Scheduler,
+    inbox: Arc<Inbox>,
+    shards: Vec<Arc<Ring<Output, W>>>,
+    /// Decisions that did not fit their shard's ring, oldest first.
+    backlog: Vec<VecDeque<Output>>,
+    out: Vec<Output>,
+    stop: Arc<AtomicBool>,
+    clock: Clock,
+}
+
+impl<W: Wake> Worker<W> {
+    fn run(mut self) -> Scheduler {
+        self.inbox.waker().register();
+        loop {
+            let handled = self.pass();
+            self.deliver();
+            let backlogged = self.backlog.iter().any(|queue| !queue.is_empty());
+            if self.stop.load(Ordering::Acquire) && self.inbox.is_empty() && !backlogged {
+                return self.scheduler;
+            }
+            if handled < BATCH {
+                self.sleep(backlogged);
+            }
+        }
+    }
+
+    /// Handles up to [`BATCH`] inputs, or a tick when a timer is due and no input came.
+    fn pass(&mut self) -> usize {
+        let now = self.clock.now();
+        let mut handled = 0;
+        while handled < BATCH {
+            let Some(input) = self.inbox.pop() else { break };
+            self.scheduler.handle(now, input, &mut self.out);
+            handled += 1;
+        }
+        if handled == 0 && self.scheduler.next_wakeup().is_some_and(|at| at <= now) {
+            self.scheduler.handle(now, Input::Tick, &mut self.out);
+        }
+        handled
+    }
+
+    /// Sends this pass's decisions, after any older ones still waiting for the same shard.
+    fn deliver(&mut self) {
+        for (shard, backlog) in self.shards.iter().zip(&mut self.backlog) {
+            while let Some(output) = backlog.pop_front() {
+                if let Err(output) = shard.push(output) {
+                    backlog.push_front(output);
+                    break;
+                }
+            }
+        }
+        for output in self.out.drain(..) {
+            let index = usize::from(output_id(&output).shard());
+            let backlog = &mut self.backlog[index];
+            if !backlog.is_empty() {
+                backlog.push_back(output);
+            } else if let Err(output) = self.shards[index].push(output) {
+                backlog.push_back(output);
+            }
+        }
+    }
+
+    /// Blocks until a message, the next timer, or (with a backlog) the next retry.
+    fn sleep(&mut self, backlogged: bool) {
+        let now = self.clock.now();
+        let until_timer = self
+            .scheduler
+            .next_wakeup()
+            .map(|at| self.clock.rate().duration(at.saturating_sub(now)));
+        let timeout = match (backlogged, until_timer) {
+            (true, Some(timer)) => Some(timer.min(BACKLOG_RETRY)),
+            (true, None) => Some(BACKLOG_RETRY),
+            (false, timer) => timer,
+        };
+        if self.inbox.prepare_sleep() && !self.stop.load(Ordering::Acquire) {
+            match timeout {
+                Some(timeout) if timeout.is_zero() => {}
+                Some(timeout) => std::thread::park_timeout(timeout),
+                None => std::thread::park(),
+            }
+        }
+        self.inbox.woke();
+    }
+}
+
+fn output_id(output: &Output) -> super::RequestId {
+    match *output {
+        Output::Admit { id, .. } | Output::Reject { id, .. } => id,
+    }
+}

@@ -4,12 +4,14 @@
 //! The crate is laid out along the request path (see `ARCHITECTURE.md`):
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
+//! - [`control`]: the control thread's sans-IO parts: parsing backends' Prometheus metrics.
 //! - [`protocol`]: sans-IO HTTP/1.1 for the dataplane: heads, chunked bodies, the `model` field.
 //! - [`ring`]: bounded MPSC rings between threads, with their wake-up protocol.
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
 
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod protocol;
 pub mod ring;
 pub mod scheduler;

@@ -10,10 +10,13 @@
 //! scheduler judges the backend on its inflight count alone. The scraped gauges are also what
 //! `GET /debug/backends` and `warmpath_backend_waiting` report (SPEC section 6).
 //!
-//! The thread itself (its sockets, its timer and its rings to the schedulers) comes with issue
-//! [2/6]. This module holds its sans-IO parts, which take bytes and return values and never
-//! touch a socket or read the clock:
 //! - [`scrape`]: the Prometheus text exposition format 0.0.4 parser that extracts each engine's
-//!   waiting, running and cache-usage gauges ([`scrape::parse_gauges`]).
+//!   waiting, running and cache-usage gauges ([`scrape::parse_gauges`]); sans-IO.
+//! - [`probe`]: blocking HTTP/1.1 `GET`s with a connect timeout, one deadline per exchange and
+//!   a body limit, built on `crate::protocol`.
+//! - [`thread`]: the control thread itself: a round of probes every `metrics_interval`, one
+//!   snapshot per backend pushed into its model's inbox.
 
+pub mod probe;
 pub mod scrape;
+pub mod thread;

@@ -1,0 +1,173 @@
+//! The control thread's probes against fake backends on loopback: health, vLLM metrics (plain,
+//! chunked, oversized, garbage), a backend that never answers and one that refuses connections,
+//! and the thread delivering snapshots into a model's inbox.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warmpath::clock::Clock;
+use warmpath::control::probe::{self, ProbeError, ProbeLimits};
+use warmpath::control::scrape::{EngineKind, ScrapeLimits};
+use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
+use warmpath::ring::Ring;
+use warmpath::scheduler::thread::{Inbox, ThreadWaker};
+use warmpath::scheduler::Input;
+
+const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\
+# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1.0\n\
+vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 2.0\n\
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 7.0\n";
+
+/// A fake backend: answers `connections` connections, each with `respond(path)` (raw bytes; an
+/// empty answer means: hold the connection open and say nothing).
+fn backend(connections: usize, respond: fn(&str) -> Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(connections) {
+            let mut stream = stream.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let text = String::from_utf8_lossy(&head).into_owned();
+            let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+            let answer = respond(&path);
+            if answer.is_empty() {
+                std::thread::sleep(Duration::from_secs(3));
+            } else {
+                let _ = stream.write_all(&answer);
+            }
+        }
+    });
+    addr
+}
+
+fn ok(body: &str) -> Vec<u8> {
+    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+fn settings() -> ControlSettings {
+    ControlSettings {
+        interval: Duration::from_millis(50),
+        health_path: "/health".into(),
+        probe: ProbeLimits {
+            connect_timeout: Duration::from_millis(500),
+            exchange_timeout: Duration::from_millis(500),
+            head_bytes_max: 16 << 10,
+            body_bytes_max: 1 << 20,
+        },
+        scrape: ScrapeLimits::default(),
+    }
+}
+
+fn target(addr: String) -> Target {
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(16, ThreadWaker::default()));
+    Target { inbox, backend: 3, addr, engine: Some(EngineKind::Vllm) }
+}
+
+fn snapshot(respond: fn(&str) -> Vec<u8>, connections: usize) -> warmpath::scheduler::Snapshot {
+    let addr = backend(connections, respond);
+    check(&target(addr), &settings(), &Clock::real(), &mut Vec::new())
+}
+
+#[test]
+fn healthy_backend_reports_its_summed_waiting_gauge() {
+    let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(METRICS) }, 2);
+    assert!(snap.healthy);
+    assert_eq!(snap.waiting, Some(3));
+}
+
+#[test]
+fn failed_health_check_is_unhealthy_and_not_scraped() {
+    let snap =
+        snapshot(|_| b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(), 1);
+    assert!(!snap.healthy);
+    assert_eq!(snap.waiting, None);
+}
+
+#[test]
+fn chunked_metrics_are_decoded() {
+    let snap = snapshot(
+        |path| {
+            if path == "/health" {
+                return ok("");
+            }
+            let (a, b) = METRICS.split_at(40);
+            format!(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+                a.len(),
+                b.len()
+            )
+            .into_bytes()
+        },
+        2,
+    );
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(3)));
+}
+
+#[test]
+fn oversized_or_garbage_metrics_leave_the_gauge_unknown() {
+    let huge = snapshot(
+        |path| {
+            if path == "/health" {
+                ok("")
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 10485760\r\n\r\nvllm:".to_vec()
+            }
+        },
+        2,
+    );
+    assert_eq!((huge.healthy, huge.waiting), (true, None));
+    let garbage =
+        snapshot(|path| if path == "/health" { ok("") } else { ok("{not prometheus") }, 2);
+    assert_eq!((garbage.healthy, garbage.waiting), (true, None));
+}
+
+#[test]
+fn silent_and_refusing_backends_are_unhealthy_within_the_timeouts() {
+    let clock = Clock::real();
+    let start = clock.now();
+    let silent = snapshot(|_| Vec::new(), 1);
+    let elapsed = clock.rate().duration(clock.now() - start);
+    assert!(!silent.healthy);
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    // A port nobody listens on: bind, learn the port, close.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let refused = check(&target(format!("127.0.0.1:{port}")), &settings(), &clock, &mut Vec::new());
+    assert!(!refused.healthy);
+    let err =
+        probe::get(&format!("127.0.0.1:{port}"), "/", &settings().probe, &clock, &mut Vec::new());
+    assert!(matches!(err, Err(ProbeError::Connect(_))), "{err:?}");
+}
+
+#[test]
+fn the_thread_delivers_snapshots_into_the_inbox() {
+    let addr = backend(1000, |path| if path == "/health" { ok("") } else { ok(METRICS) });
+    let target = target(addr);
+    let inbox = Arc::clone(&target.inbox);
+    inbox.waker().register();
+    let thread = ControlThread::spawn(vec![target], settings(), Clock::real()).expect("spawn");
+    let clock = Clock::real();
+    let start = clock.now();
+    let mut seen = 0;
+    while seen < 2 {
+        assert!(
+            clock.rate().duration(clock.now() - start) < Duration::from_secs(10),
+            "no snapshot"
+        );
+        if let Some(input) = inbox.pop() {
+            let Input::Snapshot { backend, snapshot } = input else { panic!("{input:?}") };
+            assert_eq!((backend, snapshot.healthy, snapshot.waiting), (3, true, Some(3)));
+            seen += 1;
+        } else if inbox.prepare_sleep() {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        inbox.woke();
+    }
+    assert_eq!(thread.stop(), 0, "no snapshot dropped");
+}

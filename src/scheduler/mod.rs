@@ -690,12 +690,14 @@ impl Scheduler {
             self.stats.rejected_shutdown += 1;
             out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
         }
-        for (_, hold) in self.holds.drain() {
+        // Taken out and put back so that `release_hold` can borrow `self`; the map keeps its
+        // allocation.
+        let mut holds = std::mem::take(&mut self.holds);
+        for (_, hold) in holds.drain() {
             self.wheel.cancel(hold.timer);
-            let state = &mut self.backends[usize::from(hold.backend)];
-            state.holds -= 1;
-            self.held -= 1;
+            self.release_hold(hold.backend);
         }
+        self.holds = holds;
     }
 
     /// S6: admits queued requests while a backend is eligible.

@@ -90,6 +90,9 @@ pub fn check_model_field(body: &[u8]) {
             assert_eq!(field.value, s);
             let token: String = serde_json::from_slice(&body[field.token]).expect("a string token");
             assert_eq!(token, s);
+            let value: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
+            let stream = value.get("stream") == Some(&serde_json::Value::Bool(true));
+            assert_eq!(field.stream, stream, "top-level \"stream\": true");
         }
     }
 }

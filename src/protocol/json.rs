@@ -35,12 +35,21 @@ pub struct ModelField<'a> {
     pub token: Range<usize>,
     /// The decoded value; borrowed from the body unless it contained escapes.
     pub value: Cow<'a, str>,
+    /// The top-level `"stream"` is `true` (the last one, if repeated): the response streams.
+    pub stream: bool,
 }
 
 /// Finds the top-level `"model"` string of a JSON object body, validating the whole body.
 pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
-    let mut s =
-        Scanner { buf: body, pos: 0, depth: 0, objects: 0, model_next: false, found: Found::None };
+    let mut s = Scanner {
+        buf: body,
+        pos: 0,
+        depth: 0,
+        objects: 0,
+        next: TopKey::Other,
+        found: Found::None,
+        stream: false,
+    };
     s.skip_ws();
     match s.peek() {
         Some(b'{') => {}
@@ -57,7 +66,7 @@ pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
                 false => Cow::Borrowed(std::str::from_utf8(raw).expect("validated by the scan")),
                 true => Cow::Owned(unescape_to_string(raw)),
             };
-            Ok(ModelField { token, value })
+            Ok(ModelField { token, value, stream: s.stream })
         }
     }
 }
@@ -149,9 +158,19 @@ struct Scanner<'a> {
     depth: usize,
     /// Bit `d - 1` set when level `d` is an object (level 1 is the top-level object).
     objects: u128,
-    /// The key just read was a top-level `"model"`: the next value is the model.
-    model_next: bool,
+    /// Which top-level key the value being read belongs to.
+    next: TopKey,
     found: Found,
+    /// The last top-level `"stream"` was `true`.
+    stream: bool,
+}
+
+/// The top-level keys the scan looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopKey {
+    Model,
+    Stream,
+    Other,
 }
 
 impl Scanner<'_> {
@@ -217,9 +236,14 @@ impl Scanner<'_> {
         let escaped = self.string()?;
         if self.depth == 1 {
             let raw = &self.buf[start + 1..self.pos - 1];
-            self.model_next = match escaped {
-                false => raw == b"model",
-                true => unescaped_eq(raw, b"model"),
+            let is = |key: &[u8]| match escaped {
+                false => raw == key,
+                true => unescaped_eq(raw, key),
+            };
+            self.next = match () {
+                () if is(b"model") => TopKey::Model,
+                () if is(b"stream") => TopKey::Stream,
+                () => TopKey::Other,
             };
         }
         self.skip_ws();
@@ -236,7 +260,7 @@ impl Scanner<'_> {
             b'{' | b'[' => self.open(b == b'{')?,
             b'"' => {
                 let escaped = self.string()?;
-                if self.model_next {
+                if self.next == TopKey::Model {
                     self.found(Found::String { token: start..self.pos, escaped })?;
                 }
                 Expect::CommaOrEnd
@@ -247,15 +271,18 @@ impl Scanner<'_> {
             b'n' => self.literal(b"null")?,
             _ => return Err(self.invalid()),
         };
-        if self.model_next {
-            self.found(Found::NotString)?;
+        match self.next {
+            TopKey::Model => self.found(Found::NotString)?,
+            TopKey::Stream => self.stream = b == b't',
+            TopKey::Other => {}
         }
+        self.next = TopKey::Other;
         Ok(next)
     }
 
     /// Records the model value (or its absence of stringness), refusing a second one.
     fn found(&mut self, found: Found) -> Result<(), ModelError> {
-        self.model_next = false;
+        self.next = TopKey::Other;
         if self.found != Found::None {
             return Err(ModelError::DuplicateModel);
         }

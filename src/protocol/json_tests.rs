@@ -21,6 +21,7 @@ fn key() -> impl Strategy<Value = String> {
         1 => Just("\\u006dodel".to_owned()),
         1 => Just("modeL".to_owned()),
         1 => Just("messages".to_owned()),
+        1 => Just("stream".to_owned()),
         2 => "[a-z]{0,6}",
     ]
 }
@@ -350,4 +351,18 @@ proptest! {
         if delete { body.remove(i); } else { body.insert(i, byte); }
         check_model_field(&body);
     }
+}
+
+#[test]
+fn stream_flag_is_the_top_level_true() {
+    let stream = |body: &str| find_model(body.as_bytes()).unwrap().stream;
+    assert!(stream(r#"{"model":"m","stream":true}"#));
+    assert!(stream(r#"{"stream" : true , "model":"m"}"#));
+    assert!(stream(r#"{"str\u0065am":true,"model":"m"}"#));
+    assert!(!stream(r#"{"model":"m","stream":false}"#));
+    assert!(!stream(r#"{"model":"m","stream":"true"}"#));
+    assert!(!stream(r#"{"model":"m","stream":true,"stream":false}"#));
+    assert!(!stream(r#"{"model":"m","options":{"stream":true}}"#));
+    assert!(!stream(r#"{"model":"m","stream":[true]}"#));
+    assert!(!stream(r#"{"model":"m"}"#));
 }

@@ -1,0 +1,374 @@
+#!/usr/bin/env bash
+# Side-by-side proxy benchmark: warmpath against nginx and HAProxy, in one interleaved run.
+#
+# What it measures. A static backend (nginx `return 200`, keep-alive) stands in for a vLLM
+# engine. wrk POSTs a chat body to it directly (the baseline) and through each proxy: warmpath
+# with one shard, nginx as a keep-alive reverse proxy with one worker, HAProxy with one thread.
+# Scenarios, each run as rounds of direct, warmpath, nginx, haproxy, ROUNDS times:
+#   small    small chat body, small chat.completion JSON back, CONNS connections (saturating)
+#   stream   the same body with "stream": true, 50 SSE events + [DONE] back, chunked, one
+#            backend flush per event
+#   body64k  a 65,536-byte chat body, small JSON back
+#   latency  the small request with LAT_CONNS connection(s) (default 1), i.e. one request in
+#            flight: the latency a hop adds when nothing queues (see "Latency method" below)
+# Per run: requests/s, p50 and p99 latency (wrk), responses with status >= 400 and socket
+# errors (a proxy that answers errors fast is not faster), and the proxy's CPU per request:
+# utime+stime from /proc/PID/stat (all threads; nginx: master and workers) over the run,
+# divided by the requests wrk completed. The report gives the median and the min-max spread
+# over the rounds, and warmpath's ratios to nginx against the targets of the issue.
+#
+# How to read it. CPU per request is the primary number: it does not depend on who else is
+# busy. With PIN=1 (default) the proxy runs alone on core 0 and wrk + backend share core 1,
+# so requests/s is capped by core 1 unless the proxy's core is saturated: the "proxy busy"
+# column says which. /proc counts CPU in clock ticks (10 ms); the report prints the smallest
+# tick count behind any CPU figure, so its resolution is visible.
+#
+# Latency method. wrk2 (fixed-rate, coordinated-omission-corrected) is not packaged for Debian,
+# and wrk's delay() hook is not a pacer: its timers fire on 1 ms ticks, so connections
+# synchronise into bursts and latency measures the burst (direct, 16 connections x 1 ms think
+# time: p50 395 us at 9.3k req/s, against 37 us at 24k req/s with one connection at full
+# speed). The latency scenario therefore runs closed-loop with LAT_CONNS connections: with one,
+# the hop is never queued behind another request, and "p50 - direct p50" is the latency it
+# adds. The report gives the rate each target reached there as a share of its own peak.
+#
+# Usage: perf/proxy_compare.sh            (build warmpath first: cargo build --release)
+# Environment (defaults): ROUNDS=3 DURATION=5 (seconds per run, at most 10) CONNS=32
+#   LAT_CONNS=1 WARMUP=1 (seconds per target per scenario, not recorded) PIN=1
+#   SCENARIOS="small stream body64k latency" TARGETS="direct warmpath nginx haproxy"
+#   WARMPATH=target/release/warmpath BASE_PORT=18100 KEEP_TMP=0 (1 keeps configs and logs)
+# Needs wrk, nginx, its echo module (libnginx-mod-http-echo) and haproxy; installs what is
+# missing with apt-get when run as root. Everything listens on 127.0.0.1 only, every process it
+# starts is stopped on exit. Defaults take about 5 minutes. Progress goes to stderr, the
+# markdown report to stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+HERE=$REPO/perf/proxy
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-32}
+LAT_CONNS=${LAT_CONNS:-1}
+WARMUP=${WARMUP:-1}
+PIN=${PIN:-1}
+SCENARIOS=${SCENARIOS:-small stream body64k latency}
+TARGETS=${TARGETS:-direct warmpath nginx haproxy}
+WARMPATH=${WARMPATH:-target/release/warmpath}
+BASE_PORT=${BASE_PORT:-18100}
+KEEP_TMP=${KEEP_TMP:-0}
+ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
+CLK_TCK=$(getconf CLK_TCK)
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "proxy_compare: $*"; exit 1; }
+
+((DURATION >= 1 && DURATION <= 10)) || die "DURATION must be 1..10 seconds (got $DURATION)"
+((ROUNDS >= 1)) || die "ROUNDS must be at least 1"
+
+# --- Tools -------------------------------------------------------------------------------------
+
+ensure_tools() {
+  local pkgs=()
+  command -v wrk >/dev/null || pkgs+=(wrk)
+  command -v nginx >/dev/null || pkgs+=(nginx)
+  [[ -e $ECHO_MODULE ]] || pkgs+=(libnginx-mod-http-echo)
+  command -v haproxy >/dev/null || pkgs+=(haproxy)
+  command -v curl >/dev/null || pkgs+=(curl)
+  ((${#pkgs[@]} == 0)) && return
+  if ((EUID == 0)) && command -v apt-get >/dev/null; then
+    log "installing ${pkgs[*]} (apt-get)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+  else
+    die "missing ${pkgs[*]}; install them (sudo apt-get install -y ${pkgs[*]}) or run as root"
+  fi
+}
+ensure_tools
+
+# --- Processes, cleanup, cores -------------------------------------------------------------------
+
+TMP=$(mktemp -d -t proxy_compare.XXXXXX)
+STARTED=() # every pid this script started; stopped on exit
+
+cleanup() {
+  local pid i
+  for pid in "${STARTED[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${STARTED[@]}"; do
+    for i in {1..50}; do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  if [[ $KEEP_TMP == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Core layout (PIN=1 on 2+ cores): the proxy under test alone on core 0; wrk and the backend
+# on the last core. Every proxy gets the same single core, whatever its thread count.
+PIN_PROXY=() PIN_LOAD=()
+if [[ $PIN == 1 ]] && (($(nproc) >= 2)); then
+  LOAD_CORE=$(($(nproc) - 1))
+  PIN_PROXY=(taskset -c 0) PIN_LOAD=(taskset -c "$LOAD_CORE")
+  LAYOUT="proxy on core 0; wrk and backend on core $LOAD_CORE (taskset)"
+else
+  LAYOUT="not pinned"
+fi
+
+# --- Ports (127.0.0.1 only) ------------------------------------------------------------------------
+
+NEXT_PORT=$BASE_PORT
+port_in_use() { ss -Htln "sport = :$1" | grep -q .; }
+alloc_port() { # VAR: the next free loopback port at or above NEXT_PORT
+  while port_in_use "$NEXT_PORT"; do NEXT_PORT=$((NEXT_PORT + 1)); done
+  printf -v "$1" '%s' "$NEXT_PORT"
+  NEXT_PORT=$((NEXT_PORT + 1))
+}
+alloc_port BACKEND_PORT
+alloc_port NGINX_PORT
+alloc_port HAPROXY_PORT
+alloc_port WARMPATH_PORT
+alloc_port WARMPATH_ADMIN_PORT
+
+# --- Configurations and bodies ---------------------------------------------------------------------
+
+render() { # TEMPLATE OUT DIR PORT: fill in the @VARS@ of a template in perf/proxy
+  sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
+    -e "s|@ADMIN_PORT@|$WARMPATH_ADMIN_PORT|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
+    "$HERE/$1" >"$2"
+}
+
+mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/body"
+render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
+render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
+render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
+render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$WARMPATH_PORT"
+
+# The stream: 50 chat.completion.chunk events and [DONE], each written and flushed on its own
+# (echo module), so the proxy relays a chunked stream as an engine sends it.
+for i in $(seq 1 50); do
+  printf "echo -n 'data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"bench-model\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token%02d \"},\"finish_reason\":null}]}\\\\n\\\\n';\necho_flush;\n" "$i"
+done >"$TMP/backend/sse.conf"
+printf "echo -n 'data: [DONE]\\\\n\\\\n';\n" >>"$TMP/backend/sse.conf"
+
+SMALL_BODY='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+printf '%s' "$SMALL_BODY" >"$TMP/body/small.json"
+printf '%s' "${SMALL_BODY%\}},\"stream\":true}" >"$TMP/body/stream.json"
+# 65,536 bytes exactly: the same JSON with the user message padded.
+pad=$((65536 - ${#SMALL_BODY}))
+printf '{"model":"bench-model","messages":[{"role":"user","content":"Say hello.%s"}],"max_tokens":16}' \
+  "$(head -c "$pad" /dev/zero | tr '\0' 'x')" >"$TMP/body/body64k.json"
+(($(stat -c %s "$TMP/body/body64k.json") == 65536)) || die "64 KiB body has the wrong size"
+
+scenario_path() { if [[ $1 == stream ]]; then echo /v1/stream/chat/completions; else echo /v1/chat/completions; fi; }
+scenario_body() { case $1 in stream | body64k) echo "$TMP/body/$1.json" ;; *) echo "$TMP/body/small.json" ;; esac; }
+scenario_conns() { if [[ $1 == latency ]]; then echo "$LAT_CONNS"; else echo "$CONNS"; fi; }
+
+# --- Start the backend and the proxies ----------------------------------------------------------
+
+declare -A PORT CPU_PIDS
+wait_http() { # URL PID: until URL answers 2xx (10 s), while PID lives
+  local i
+  for i in {1..100}; do
+    curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait until ready
+  local name=$1 ready=$2 pin=() pid
+  shift 2
+  while [[ $1 != -- ]]; do pin+=("$1"); shift; done
+  shift
+  "${pin[@]}" "$@" >"$TMP/$name.log" 2>&1 &
+  pid=$!
+  STARTED+=("$pid")
+  CPU_PIDS[$name]=$pid
+  if ! wait_http "http://127.0.0.1:${PORT[$name]}$ready" "$pid"; then
+    log "$name did not become ready on 127.0.0.1:${PORT[$name]}; its log:"
+    tail -n 20 "$TMP/$name.log" >&2
+    return 1
+  fi
+}
+
+PORT[backend]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT PORT[haproxy]=$HAPROXY_PORT
+PORT[warmpath]=$WARMPATH_PORT
+start backend /health "${PIN_LOAD[@]}" -- \
+  nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" ||
+  die "backend failed to start"
+PORT[direct]=$BACKEND_PORT
+CPU_PIDS[direct]=${CPU_PIDS[backend]} # the direct row reports the backend's own CPU
+
+active=()
+for target in $TARGETS; do
+  case $target in
+    direct) active+=(direct) ;;
+    nginx)
+      start nginx /health "${PIN_PROXY[@]}" -- \
+        nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" ||
+        die "nginx proxy failed to start"
+      active+=(nginx)
+      ;;
+    haproxy)
+      start haproxy /health "${PIN_PROXY[@]}" -- haproxy -db -f "$TMP/haproxy/haproxy.cfg" ||
+        die "haproxy failed to start"
+      active+=(haproxy)
+      ;;
+    warmpath)
+      if ! "$WARMPATH" serve --help >/dev/null 2>&1; then
+        log "skipping warmpath: '$WARMPATH serve --help' failed (cargo build --release first)"
+      elif start warmpath /readyz "${PIN_PROXY[@]}" -- \
+        "$WARMPATH" serve --config "$TMP/warmpath/warmpath.toml"; then
+        active+=(warmpath)
+      else
+        log "skipping warmpath: it did not become ready (/readyz) within 10 s"
+      fi
+      ;;
+    *) die "unknown target $target" ;;
+  esac
+done
+
+# Pre-flight: every target must answer each scenario with 200 and exactly the backend's body.
+declare -A EXCLUDED
+for scenario in $SCENARIOS; do
+  expected=$TMP/expected.$scenario
+  curl -sS -o "$expected" --data-binary @"$(scenario_body "$scenario")" \
+    -H 'Content-Type: application/json' "http://127.0.0.1:$BACKEND_PORT$(scenario_path "$scenario")"
+  for target in "${active[@]}"; do
+    got=$TMP/got.$scenario.$target
+    code=$(curl -sS -o "$got" -w '%{http_code}' --max-time 5 --data-binary @"$(scenario_body "$scenario")" \
+      -H 'Content-Type: application/json' "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")" ||
+      true)
+    if [[ $code != 200 ]] || ! cmp -s "$expected" "$got"; then
+      EXCLUDED[$scenario.$target]="pre-flight: status $code, body $(wc -c <"$got") bytes (expected 200, $(wc -c <"$expected") bytes)"
+      log "excluding $target from $scenario: ${EXCLUDED[$scenario.$target]}"
+    fi
+  done
+done
+
+# --- Measuring ---------------------------------------------------------------------------------------
+
+proc_ticks() { # PID...: utime+stime (clock ticks) of the processes and their children
+  local pid stat fields total=0 kids
+  kids=$(pgrep -P "$(IFS=,; echo "$*")" || true)
+  for pid in "$@" $kids; do
+    stat=$(<"/proc/$pid/stat") || continue
+    read -ra fields <<<"${stat##*) }" # fields[0] is field 3 (state): 14, 15 are [11], [12]
+    total=$((total + fields[11] + fields[12]))
+  done
+  echo "$total"
+}
+
+RESULTS=$TMP/results.tsv
+run_wrk() { # SCENARIO TARGET SECONDS: prints the RESULT line and the proxy's ticks over the run
+  local scenario=$1 target=$2 seconds=$3 t0 t1 out
+  # shellcheck disable=SC2086 # CPU_PIDS holds one pid
+  t0=$(proc_ticks ${CPU_PIDS[$target]})
+  out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
+    -d"${seconds}s" --timeout 5s -s "$HERE/post.lua" \
+    "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")")
+  t1=$(proc_ticks ${CPU_PIDS[$target]})
+  grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
+  printf '%s ticks=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0))
+}
+
+# One line per run: scenario target round requests duration_us p50 p99 status_err socket_err ticks
+printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\n' >"$RESULTS"
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+for scenario in $SCENARIOS; do
+  targets=()
+  for target in "${active[@]}"; do [[ -z ${EXCLUDED[$scenario.$target]:-} ]] && targets+=("$target"); done
+  log "$scenario: warm-up ${WARMUP}s each: ${targets[*]}"
+  for target in "${targets[@]}"; do run_wrk "$scenario" "$target" "$WARMUP" >/dev/null; done
+  for round in $(seq 1 "$ROUNDS"); do
+    for target in "${targets[@]}"; do
+      line=$(run_wrk "$scenario" "$target" "$DURATION")
+      log "$scenario round $round $target: $line"
+      # RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. status_errors=.. socket_errors=.. ticks=..
+      printf '%s\t%s\t%s\t%s\n' "$scenario" "$target" "$round" \
+        "$(sed -e 's/^RESULT //' -e 's/[a-z_0-9]*=//g' -e 's/ /\t/g' <<<"$line")" >>"$RESULTS"
+    done
+  done
+done
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- Report --------------------------------------------------------------------------------------------
+
+cat <<EOF
+## proxy_compare: $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')
+
+Machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $LOAD_START at the start, $LOAD_END at the end.
+Tools: $(nginx -v 2>&1 | sed 's/.*: //'), HAProxy $(haproxy -v | awk 'NR==1{print $3}'), $(wrk --version 2>&1 | awk 'NR==1{print $1, $2}'). Cores: $LAYOUT.
+Runs: $ROUNDS rounds x ${DURATION}s per target and scenario, interleaved (${active[*]}), after ${WARMUP}s of warm-up each; wrk -t1, $CONNS connections ($LAT_CONNS in the latency scenario).
+Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, and its share of one core ("busy"); the direct row gives the backend's own.
+EOF
+for key in "${!EXCLUDED[@]}"; do echo "Excluded ${key#*.} from ${key%%.*}: ${EXCLUDED[$key]}."; done
+echo
+
+awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK" -v lat_conns="$LAT_CONNS" '
+  function sort(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } }
+  function median(a, n) { return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
+  function grp(n,   s, out) { s = sprintf("%.0f", n); out = ""
+    while (length(s) > 3) { out = "," substr(s, length(s) - 2) out; s = substr(s, 1, length(s) - 3) }
+    return s out }
+  function fmt(v, d) { return d == "k" ? grp(v) : sprintf("%." d "f", v) }
+  # cell(KEY, METRIC, DIGITS): "median [min-max]" over the rounds; stores the median in MED
+  function cell(key, m, d,   a, n, i) {
+    n = cnt[key]; if (!n) return "-"
+    for (i = 1; i <= n; i++) a[i] = val[key, m, i]
+    sort(a, n); med[key, m] = median(a, n)
+    return n == 1 ? fmt(a[1], d) : fmt(med[key, m], d) " [" fmt(a[1], d) "-" fmt(a[n], d) "]"
+  }
+  NR > 1 {
+    key = $1 SUBSEP $2; i = ++cnt[key]
+    secs = $5 / 1e6; cpu = $10 / tck
+    val[key, "rps", i] = $4 / secs; val[key, "p50", i] = $6; val[key, "p99", i] = $7
+    val[key, "cpu", i] = cpu * 1e6 / $4; val[key, "busy", i] = 100 * cpu / secs
+    errs[key] += $8; sock[key] += $9
+    if ($2 != "direct" && (min_ticks == "" || $10 < min_ticks)) min_ticks = $10
+  }
+  END {
+    ns = split(scenarios, sc, " "); nt = split(targets, tg, " ")
+    for (s = 1; s <= ns; s++) {
+      S = sc[s]
+      printf "### %s\n\n", S
+      print "| target | req/s | p50 us | p99 us | CPU us/req | proxy busy % | status>=400 / socket errors |"
+      print "|---|---|---|---|---|---|---|"
+      for (t = 1; t <= nt; t++) {
+        T = tg[t]; key = S SUBSEP T
+        if (!cnt[key]) continue
+        printf "| %s | %s | %s | %s | %s%s | %s%s | %d / %d |\n", T == "direct" ? "direct (baseline)" : T,
+          cell(key, "rps", "k"), cell(key, "p50", 0), cell(key, "p99", 0),
+          T == "direct" ? "backend " : "", cell(key, "cpu", 1),
+          T == "direct" ? "backend " : "", cell(key, "busy", 0), errs[key], sock[key]
+      }
+      print ""
+      d = S SUBSEP "direct"; w = S SUBSEP "warmpath"; x = S SUBSEP "nginx"
+      if (cnt[w] && cnt[x])
+        printf "warmpath / nginx: CPU per request %.2f (target <= 0.7), req/s %.2f (target >= 1.2).\n",
+          med[w, "cpu"] / med[x, "cpu"], med[w, "rps"] / med[x, "rps"]
+      if (cnt[d]) {
+        line = ""
+        for (t = 1; t <= nt; t++) { T = tg[t]; k = S SUBSEP T
+          if (T != "direct" && cnt[k]) line = line sprintf("%s%s %+.0f us", line == "" ? "" : ", ", T, med[k, "p50"] - med[d, "p50"]) }
+        if (line != "") printf "p50 over direct: %s%s.\n", line, S == "latency" ? " (target for warmpath: <= 30 us)" : ""
+      }
+      if (S == "latency") {
+        line = ""
+        for (t = 1; t <= nt; t++) { T = tg[t]; k = S SUBSEP T; p = "small" SUBSEP T
+          if (cnt[k] && cnt[p]) line = line sprintf("%s%s %.0f%%", line == "" ? "" : ", ", T, 100 * med[k, "rps"] / med[p, "rps"]) }
+        if (line != "") printf "Rate with %d connection(s) as a share of the same target'"'"'s small-scenario peak: %s.\n", lat_conns, line
+      }
+      print ""
+    }
+    if (min_ticks != "") printf "CPU resolution: the smallest proxy sample was %d ticks of 1/%d s (%.1f%% per tick).\n", min_ticks, tck, 100 / min_ticks
+  }' "$RESULTS"
+
+# Anything warmpath said on stderr/stdout during the run (errors, warnings).
+if [[ -n ${CPU_PIDS[warmpath]:-} && -s $TMP/warmpath.log ]]; then
+  echo
+  echo "warmpath log (last 10 lines):"
+  echo '```'
+  tail -n 10 "$TMP/warmpath.log"
+  echo '```'
+fi

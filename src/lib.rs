@@ -8,6 +8,7 @@
 //! - [`protocol`]: sans-IO HTTP/1.1 for the dataplane: heads, chunked bodies, the `model` field.
 //! - [`ring`]: bounded MPSC rings between threads, with their wake-up protocol.
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
+//! - [`server`]: `warmpath serve`, the dataplane: shards, rings, upstream pools, admin.
 
 pub mod clock;
 pub mod config;
@@ -15,3 +16,4 @@ pub mod control;
 pub mod protocol;
 pub mod ring;
 pub mod scheduler;
+pub mod server;

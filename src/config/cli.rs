@@ -1,9 +1,12 @@
-//! The command line (SPEC 5), parsed with clap's derive API. For now one subcommand:
-//! `warmpath check-config FILE [--set KEY=VALUE]...` loads FILE with the process environment
-//! and the overrides applied, validates it, and prints the effective configuration.
+//! The command line (SPEC 5), parsed with clap's derive API:
+//! - `warmpath serve [--config FILE] [--listen ADDR] [--admin-listen ADDR] [--set KEY=VALUE]...`
+//!   runs the router until SIGTERM or SIGINT, then shuts down as S13 says and exits 0;
+//! - `warmpath check-config FILE [--set KEY=VALUE]...` loads FILE with the process environment
+//!   and the overrides applied, validates it, and prints the effective configuration.
 //!
 //! Exit codes: 0 on success; 2 on a usage error (clap's convention) or an invalid
-//! configuration, with `error: <message>` on standard error; 1 if standard output fails.
+//! configuration, with `error: <message>` on standard error; 1 if standard output fails or the
+//! router cannot start (a listener address in use, for example).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -26,6 +29,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the router.
+    Serve(ServeArgs),
     /// Validate a configuration file (with the environment and --set applied) and print the
     /// effective configuration.
     CheckConfig(CheckConfigArgs),
@@ -39,6 +44,23 @@ pub struct CheckConfigArgs {
     pub file: PathBuf,
     /// Override a key, e.g. `--set queue.max_overtakes=4`, `--set model.NAME.routing=round-robin`
     /// (beats the file and the environment; repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_set)]
+    pub set: Vec<(String, String)>,
+}
+
+/// Arguments of `serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The TOML configuration file (without one, the environment must name the models).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The main listener, e.g. `127.0.0.1:8080` (beats the file and the environment).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The admin listener for /metrics and /debug/*.
+    #[arg(long = "admin-listen", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Override a key, as for `check-config` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_set)]
     pub set: Vec<(String, String)>,
 }
@@ -63,8 +85,53 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         }
     };
     match cli.command {
+        Command::Serve(args) => serve(&args),
         Command::CheckConfig(args) => check_config(&args),
     }
+}
+
+/// `warmpath serve`.
+fn serve(args: &ServeArgs) -> ExitCode {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let overrides = Overrides {
+        listen: args.listen.clone(),
+        admin_listen: args.admin_listen.clone(),
+        set: args.set.clone(),
+    };
+    let config = match Config::load(args.config.as_deref(), &process_env, &overrides) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    // Signals are blocked into an iterator before any thread starts, so none is missed.
+    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT]) {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("error: installing signal handlers: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let running = match crate::server::start(config) {
+        Ok(running) => running,
+        Err(error) => {
+            eprintln!("error: starting the router: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!(
+        "warmpath: listening on {} (admin {}); SIGTERM or SIGINT to stop",
+        running.addr(),
+        running.admin_addr()
+    );
+    if let Some(signal) = signals.forever().next() {
+        eprintln!("warmpath: signal {signal}: draining (S13)");
+    }
+    running.shutdown();
+    running.wait();
+    eprintln!("warmpath: stopped");
+    ExitCode::SUCCESS
 }
 
 /// `warmpath check-config`.

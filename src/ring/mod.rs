@@ -31,6 +31,14 @@ impl Wake for std::thread::Thread {
     }
 }
 
+impl Wake for mio::Waker {
+    /// Writes the event loop's eventfd. It fails only when the counter would overflow, which
+    /// means the loop has wakes pending already, so the error is nothing to act on.
+    fn wake(&self) {
+        let _ = mio::Waker::wake(self);
+    }
+}
+
 /// A bounded multi-producer, single-consumer ring with a sleeping consumer's wake-up.
 #[derive(Debug)]
 pub struct Ring<T, W> {

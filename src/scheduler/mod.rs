@@ -419,6 +419,32 @@ impl Scheduler {
         self.backends[usize::from(backend)].usable()
     }
 
+    /// Whether `backend`'s last health check passed, and whether it is passively ejected.
+    pub fn backend_health(&self, backend: u16) -> (bool, bool) {
+        let b = &self.backends[usize::from(backend)];
+        (b.healthy, b.ejected)
+    }
+
+    /// The waiting-queue gauge `backend` last reported, if any, and when it was scraped.
+    pub fn backend_waiting(&self, backend: u16) -> (Option<u32>, Tick) {
+        let b = &self.backends[usize::from(backend)];
+        (b.waiting, b.scraped_at)
+    }
+
+    /// The arrival tick of the longest-waiting queued request, O(1): the earliest among the
+    /// lane heads (the forced and normal lanes are in arrival order and the boosted lane keeps
+    /// an arrival-ordered list; the retry lane is in retry order, so a retried request behind
+    /// an older one's retry is missed, which the lane's size, a few requests, makes harmless).
+    pub fn oldest_arrival(&self) -> Option<Tick> {
+        let heads = [
+            self.queue.first(Lane::Retry),
+            self.queue.first(Lane::Forced),
+            self.queue.oldest_boosted(),
+            self.queue.first(Lane::Normal),
+        ];
+        heads.into_iter().flatten().map(|index| self.queue.get(index).arrived_at).min()
+    }
+
     /// Sessions in the tracker.
     pub fn sessions_tracked(&self) -> usize {
         self.tracker.len()

@@ -15,14 +15,14 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Tick};
 use crate::ring::{Ring, Wake};
 
-use super::{Input, Output, Scheduler};
+use super::{Input, Lane, Output, Scheduler, Stats};
 
 /// Inputs handled per pass before delivering and looking at the clock again.
 const BATCH: usize = 256;
@@ -52,10 +52,73 @@ impl Wake for ThreadWaker {
 /// A model's inbound ring: shards and the control thread push [`Input`]s into it.
 pub type Inbox = Ring<Input, ThreadWaker>;
 
+/// A scheduler's counters and gauges as of the end of its thread's last pass that changed
+/// anything: what the admin endpoints read. The thread copies them in place (no allocation)
+/// under an uncontended mutex; a scrape holds it for the time of a copy.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub stats: Stats,
+    /// Queued requests per lane, indexed by `Lane as usize`.
+    pub depth: [u32; 4],
+    pub inflight: u32,
+    pub sessions_tracked: usize,
+    /// See [`Scheduler::oldest_arrival`].
+    pub oldest_arrival: Option<Tick>,
+    pub backends: Vec<BackendReport>,
+}
+
+/// One backend in a [`Report`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BackendReport {
+    pub inflight: u32,
+    pub prefill_tokens: u64,
+    pub holds: u32,
+    pub healthy: bool,
+    pub ejected: bool,
+    pub waiting: Option<u32>,
+    pub scraped_at: Tick,
+}
+
+impl Report {
+    /// The report of `scheduler` now.
+    pub fn of(scheduler: &Scheduler) -> Report {
+        let mut report = Report {
+            backends: vec![BackendReport::default(); usize::from(scheduler.params().backends)],
+            ..Report::default()
+        };
+        report.fill(scheduler);
+        report
+    }
+
+    fn fill(&mut self, scheduler: &Scheduler) {
+        self.stats.clone_from(scheduler.stats());
+        for lane in Lane::ALL {
+            self.depth[lane as usize] = scheduler.depth(lane);
+        }
+        self.inflight = scheduler.inflight();
+        self.sessions_tracked = scheduler.sessions_tracked();
+        self.oldest_arrival = scheduler.oldest_arrival();
+        for (index, backend) in (0u16..).zip(&mut self.backends) {
+            let (healthy, ejected) = scheduler.backend_health(index);
+            let (waiting, scraped_at) = scheduler.backend_waiting(index);
+            *backend = BackendReport {
+                inflight: scheduler.backend_inflight(index),
+                prefill_tokens: scheduler.backend_prefill_tokens(index),
+                holds: scheduler.backend_holds(index),
+                healthy,
+                ejected,
+                waiting,
+                scraped_at,
+            };
+        }
+    }
+}
+
 /// A running scheduler thread.
 #[derive(Debug)]
 pub struct SchedulerThread {
     inbox: Arc<Inbox>,
+    report: Arc<Mutex<Report>>,
     stop: Arc<AtomicBool>,
     join: JoinHandle<Scheduler>,
 }
@@ -72,22 +135,30 @@ impl SchedulerThread {
     ) -> std::io::Result<SchedulerThread> {
         let inbox = Arc::new(Ring::new(inbox_capacity, ThreadWaker::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let report = Arc::new(Mutex::new(Report::of(&scheduler)));
         let worker = Worker {
+            report: Arc::clone(&report),
             scheduler,
             inbox: Arc::clone(&inbox),
             backlog: shards.iter().map(|_| VecDeque::new()).collect(),
             shards,
             out: Vec::with_capacity(BATCH * 2),
+            ticked: false,
             stop: Arc::clone(&stop),
             clock,
         };
         let join = std::thread::Builder::new().name(name).spawn(move || worker.run())?;
-        Ok(SchedulerThread { inbox, stop, join })
+        Ok(SchedulerThread { inbox, report, stop, join })
     }
 
     /// The ring to push inputs into.
     pub fn inbox(&self) -> &Arc<Inbox> {
         &self.inbox
+    }
+
+    /// The scheduler's counters and gauges, as of the thread's last pass.
+    pub fn report(&self) -> &Arc<Mutex<Report>> {
+        &self.report
     }
 
     /// Stops the thread once its inbox is drained and every decision delivered; returns the
@@ -101,11 +172,14 @@ impl SchedulerThread {
 
 struct Worker<W> {
     scheduler: Scheduler,
+    report: Arc<Mutex<Report>>,
     inbox: Arc<Inbox>,
     shards: Vec<Arc<Ring<Output, W>>>,
     /// Decisions that did not fit their shard's ring, oldest first.
     backlog: Vec<VecDeque<Output>>,
     out: Vec<Output>,
+    /// A timer fired in this pass (the report is stale).
+    ticked: bool,
     stop: Arc<AtomicBool>,
     clock: Clock,
 }
@@ -116,6 +190,11 @@ impl<W: Wake> Worker<W> {
         loop {
             let handled = self.pass();
             self.deliver();
+            if handled > 0 || self.ticked {
+                self.ticked = false;
+                let mut report = self.report.lock().unwrap_or_else(|e| e.into_inner());
+                report.fill(&self.scheduler);
+            }
             let backlogged = self.backlog.iter().any(|queue| !queue.is_empty());
             if self.stop.load(Ordering::Acquire) && self.inbox.is_empty() && !backlogged {
                 return self.scheduler;
@@ -137,6 +216,7 @@ impl<W: Wake> Worker<W> {
         }
         if handled == 0 && self.scheduler.next_wakeup().is_some_and(|at| at <= now) {
             self.scheduler.handle(now, Input::Tick, &mut self.out);
+            self.ticked = true;
         }
         handled
     }

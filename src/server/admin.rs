@@ -1,0 +1,478 @@
+//! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue` and
+//! `GET /debug/backends` (JSON). One thread, blocking I/O, one request per connection with
+//! short timeouts: scrapes are rare and small, and this keeps the admin path off the shards.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::scheduler::thread::Report;
+use crate::scheduler::Lane;
+
+use super::metrics::{ModelMetrics, UpstreamError, BUCKETS_US, STATUS_SLOTS};
+use super::Shared;
+
+/// Longest admin request head read.
+const HEAD_MAX: usize = 8 << 10;
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The running admin thread.
+#[derive(Debug)]
+pub struct AdminThread {
+    stop: Arc<AtomicBool>,
+    addr: std::net::SocketAddr,
+    join: JoinHandle<()>,
+}
+
+impl AdminThread {
+    /// Serves `listener` until stopped.
+    pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<AdminThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = listener.local_addr()?;
+        let flag = Arc::clone(&stop);
+        let join = std::thread::Builder::new().name("admin".into()).spawn(move || {
+            for stream in listener.incoming() {
+                if flag.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Ok(stream) = stream {
+                    let _ = serve(stream, &shared);
+                }
+            }
+        })?;
+        Ok(AdminThread { stop, addr, join })
+    }
+
+    /// Stops the thread (a connection to itself unblocks its `accept`).
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT);
+        let _ = self.join.join();
+    }
+}
+
+fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut buf = vec![0; HEAD_MAX];
+    let mut len = 0;
+    let (method, path) = loop {
+        let n = stream.read(&mut buf[len..])?;
+        if n == 0 {
+            return Ok(());
+        }
+        len += n;
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf[..len]) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = req.method.unwrap_or("").to_owned();
+                let path = req.path.unwrap_or("").split('?').next().unwrap_or("").to_owned();
+                break (method, path);
+            }
+            Ok(httparse::Status::Partial) if len < HEAD_MAX => {}
+            _ => return respond(&mut stream, 400, "text/plain", b"bad request\n"),
+        }
+    };
+    if method != "GET" {
+        return respond(&mut stream, 405, "text/plain", b"method not allowed\n");
+    }
+    match path.as_str() {
+        "/metrics" => {
+            let text = render_metrics(shared);
+            respond(&mut stream, 200, "text/plain; version=0.0.4", text.as_bytes())
+        }
+        "/debug/queue" => {
+            let body = serde_json::to_vec_pretty(&debug_queue(shared)).map_err(io::Error::other)?;
+            respond(&mut stream, 200, "application/json", &body)
+        }
+        "/debug/backends" => {
+            let body =
+                serde_json::to_vec_pretty(&debug_backends(shared)).map_err(io::Error::other)?;
+            respond(&mut stream, 200, "application/json", &body)
+        }
+        _ => respond(&mut stream, 404, "text/plain", b"not found\n"),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        _ => "Method Not Allowed",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    stream.flush()
+}
+
+fn reports(shared: &Shared) -> Vec<Report> {
+    shared
+        .models
+        .iter()
+        .map(|m| m.report.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        .collect()
+}
+
+/// A Prometheus label value, escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The scrape: shard counters summed over shards, scheduler reports as published.
+pub fn render_metrics(shared: &Shared) -> String {
+    let reports = reports(shared);
+    let mut out = String::with_capacity(16 << 10);
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+
+    family(&mut out, "warmpath_requests_total", "counter", "Responses by model and status.");
+    for (index, model) in shared.models.iter().enumerate() {
+        let m = label(&model.name);
+        for status in 100..STATUS_SLOTS {
+            let n = sum_shards(shared, |s| &s.models[index].status[status]);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "warmpath_requests_total{{model=\"{m}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+    }
+    family(
+        &mut out,
+        "warmpath_router_responses_total",
+        "counter",
+        "Router answers before a model was known, by status.",
+    );
+    for status in 100..STATUS_SLOTS {
+        let n = sum_shards(shared, |s| &s.other_status[status]);
+        if n > 0 {
+            let _ = writeln!(out, "warmpath_router_responses_total{{status=\"{status}\"}} {n}");
+        }
+    }
+    let histograms: [(&str, &str, fn(&ModelMetrics) -> &super::metrics::Histogram); 2] = [
+        ("warmpath_request_duration_seconds", "Arrival to last byte.", |m| &m.duration),
+        ("warmpath_upstream_ttfb_seconds", "Forwarded to first response byte.", |m| &m.ttfb),
+    ];
+    for (name, help, pick) in histograms {
+        family(&mut out, name, "histogram", help);
+        for (index, model) in shared.models.iter().enumerate() {
+            let mut sums = [0; BUCKETS_US.len() + 2];
+            for shard in &shared.shard_metrics {
+                pick(&shard.models[index]).sum_into(&mut sums);
+            }
+            histogram(&mut out, name, &format!("model=\"{}\"", label(&model.name)), &sums);
+        }
+    }
+    family(&mut out, "warmpath_queue_wait_seconds", "histogram", "Arrival to admission, by lane.");
+    for (index, model) in shared.models.iter().enumerate() {
+        for lane in Lane::ALL {
+            let mut sums = [0; BUCKETS_US.len() + 2];
+            for shard in &shared.shard_metrics {
+                shard.models[index].queue_wait[lane as usize].sum_into(&mut sums);
+            }
+            let labels = format!("model=\"{}\",lane=\"{}\"", label(&model.name), lane.name());
+            histogram(&mut out, "warmpath_queue_wait_seconds", &labels, &sums);
+        }
+    }
+
+    family(&mut out, "warmpath_queue_depth", "gauge", "Queued requests by lane.");
+    for (model, report) in shared.models.iter().zip(&reports) {
+        for lane in Lane::ALL {
+            let depth = report.depth[lane as usize];
+            let _ = writeln!(
+                out,
+                "warmpath_queue_depth{{model=\"{}\",lane=\"{}\"}} {depth}",
+                label(&model.name),
+                lane.name()
+            );
+        }
+    }
+    family(&mut out, "warmpath_admitted_total", "counter", "Admissions by lane.");
+    for (model, report) in shared.models.iter().zip(&reports) {
+        for lane in Lane::ALL {
+            let n = report.stats.admitted[lane as usize];
+            let _ = writeln!(
+                out,
+                "warmpath_admitted_total{{model=\"{}\",lane=\"{}\"}} {n}",
+                label(&model.name),
+                lane.name()
+            );
+        }
+    }
+    type Pick = fn(&Report) -> u64;
+    let per_model: [(&str, &str, &str, Pick); 10] = [
+        (
+            "warmpath_forced_total",
+            "counter",
+            "Boosted requests forced by bounded overtaking (S4).",
+            |r| r.stats.forced,
+        ),
+        (
+            "warmpath_queue_timeouts_total",
+            "counter",
+            "Requests that waited past queue.timeout.",
+            |r| r.stats.timeouts,
+        ),
+        (
+            "warmpath_queue_cancelled_total",
+            "counter",
+            "Requests whose client left while queued.",
+            |r| r.stats.cancelled,
+        ),
+        (
+            "warmpath_grace_holds_total",
+            "counter",
+            "Slots held for a session's follow-up (S8).",
+            |r| r.stats.grace_holds,
+        ),
+        ("warmpath_grace_hits_total", "counter", "Follow-ups admitted into a held slot.", |r| {
+            r.stats.grace_hits
+        }),
+        ("warmpath_sessions_tracked", "gauge", "Recently completed sessions remembered.", |r| {
+            r.sessions_tracked as u64
+        }),
+        (
+            "warmpath_affinity_hits_total",
+            "counter",
+            "Admissions to the session's last backend.",
+            |r| r.stats.affinity_hits,
+        ),
+        ("warmpath_retries_total", "counter", "Requests sent back for another backend.", |r| {
+            r.stats.retries
+        }),
+        ("warmpath_ejections_total", "counter", "Backends passively ejected.", |r| {
+            r.stats.ejections
+        }),
+        ("warmpath_model_inflight", "gauge", "Admitted requests not yet released.", |r| {
+            u64::from(r.inflight)
+        }),
+    ];
+    for (name, kind, help, pick) in per_model {
+        family(&mut out, name, kind, help);
+        for (model, report) in shared.models.iter().zip(&reports) {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(&model.name), pick(report));
+        }
+    }
+    family(
+        &mut out,
+        "warmpath_queue_rejected_total",
+        "counter",
+        "Requests refused by the queue, by reason.",
+    );
+    for (model, report) in shared.models.iter().zip(&reports) {
+        let m = label(&model.name);
+        let reasons = [
+            ("queue_full", report.stats.rejected_full),
+            ("shutting_down", report.stats.rejected_shutdown),
+            ("retries_exhausted", report.stats.retries_exhausted),
+        ];
+        for (reason, n) in reasons {
+            let _ = writeln!(
+                out,
+                "warmpath_queue_rejected_total{{model=\"{m}\",reason=\"{reason}\"}} {n}"
+            );
+        }
+    }
+
+    type PickBackend = fn(&crate::scheduler::thread::BackendReport) -> u64;
+    let per_backend: [(&str, &str, PickBackend); 4] = [
+        ("warmpath_inflight", "Admitted requests on the backend.", |b| u64::from(b.inflight)),
+        (
+            "warmpath_prefill_backlog_tokens",
+            "Estimated prompt tokens awaiting a first byte (S6.3).",
+            |b| b.prefill_tokens,
+        ),
+        ("warmpath_backend_up", "1 when healthy and not ejected.", |b| {
+            u64::from(b.healthy && !b.ejected)
+        }),
+        ("warmpath_backend_waiting", "The engine's last scraped waiting-queue gauge.", |b| {
+            u64::from(b.waiting.unwrap_or(0))
+        }),
+    ];
+    for (name, help, pick) in per_backend {
+        family(&mut out, name, "gauge", help);
+        for (model, report) in shared.models.iter().zip(&reports) {
+            for (backend, b) in model.backends.iter().zip(&report.backends) {
+                let _ = writeln!(
+                    out,
+                    "{name}{{model=\"{}\",backend=\"{}\"}} {}",
+                    label(&model.name),
+                    label(&backend.authority),
+                    pick(b)
+                );
+            }
+        }
+    }
+    family(&mut out, "warmpath_upstream_errors_total", "counter", "Upstream failures by kind.");
+    for (index, model) in shared.models.iter().enumerate() {
+        for (b, backend) in model.backends.iter().enumerate() {
+            for kind in UpstreamError::ALL {
+                let n = sum_shards(shared, |s| &s.models[index].upstream_errors[b][kind as usize]);
+                let _ = writeln!(
+                    out,
+                    "warmpath_upstream_errors_total{{model=\"{}\",backend=\"{}\",kind=\"{}\"}} {n}",
+                    label(&model.name),
+                    label(&backend.authority),
+                    kind.name()
+                );
+            }
+        }
+    }
+    family(
+        &mut out,
+        "warmpath_pool_reconnects_total",
+        "counter",
+        "Dead pooled connections replaced by a fresh one.",
+    );
+    for (index, model) in shared.models.iter().enumerate() {
+        let n = sum_shards(shared, |s| &s.models[index].pool_reconnects);
+        let _ =
+            writeln!(out, "warmpath_pool_reconnects_total{{model=\"{}\"}} {n}", label(&model.name));
+    }
+    let shard_gauges: [(
+        &str,
+        &str,
+        &str,
+        fn(&super::metrics::ShardMetrics) -> &std::sync::atomic::AtomicU64,
+    ); 5] = [
+        ("warmpath_connections_accepted_total", "counter", "Client connections accepted.", |s| {
+            &s.accepted
+        }),
+        (
+            "warmpath_connections_refused_total",
+            "counter",
+            "Client connections refused at max_connections.",
+            |s| &s.refused,
+        ),
+        ("warmpath_connections_open", "gauge", "Open client connections.", |s| &s.open),
+        ("warmpath_buffered_bytes", "gauge", "Request bytes held while queued.", |s| &s.buffered),
+        (
+            "warmpath_clients_gone_total",
+            "counter",
+            "Requests whose client left before the response ended.",
+            |s| &s.clients_gone,
+        ),
+    ];
+    for (name, kind, help, pick) in shard_gauges {
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {}", sum_shards(shared, pick));
+    }
+    out
+}
+
+fn sum_shards(
+    shared: &Shared,
+    pick: impl Fn(&super::metrics::ShardMetrics) -> &std::sync::atomic::AtomicU64,
+) -> u64 {
+    shared.shard_metrics.iter().map(|s| pick(s).load(Ordering::Relaxed)).sum()
+}
+
+/// One histogram's series from summed bucket counts (non-cumulative in, cumulative out).
+fn histogram(out: &mut String, name: &str, labels: &str, sums: &[u64; BUCKETS_US.len() + 2]) {
+    let mut cumulative = 0;
+    for (i, bound) in BUCKETS_US.iter().enumerate() {
+        cumulative += sums[i];
+        let le = *bound as f64 / 1e6;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    cumulative += sums[BUCKETS_US.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    let sum = sums[BUCKETS_US.len() + 1] as f64 / 1e6;
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {cumulative}");
+}
+
+/// `GET /debug/queue`.
+pub fn debug_queue(shared: &Shared) -> serde_json::Value {
+    let now = shared.clock.now();
+    let rate = shared.clock.rate();
+    let models: Vec<serde_json::Value> = shared
+        .models
+        .iter()
+        .zip(reports(shared))
+        .zip(&shared.config.models)
+        .map(|((model, report), config)| {
+            let depth: serde_json::Map<String, serde_json::Value> = Lane::ALL
+                .iter()
+                .map(|&lane| (lane.name().to_owned(), report.depth[lane as usize].into()))
+                .collect();
+            let queued: u32 = report.depth.iter().sum();
+            let oldest_wait_ms = report
+                .oldest_arrival
+                .map(|at| rate.duration(now.saturating_sub(at)).as_secs_f64() * 1e3);
+            let backends: Vec<serde_json::Value> = model
+                .backends
+                .iter()
+                .zip(&report.backends)
+                .map(|(backend, b)| {
+                    serde_json::json!({
+                        "backend": backend.authority,
+                        "inflight": b.inflight,
+                        "prefill_tokens": b.prefill_tokens,
+                        "held_slots": b.holds,
+                        "usable": b.healthy && !b.ejected,
+                    })
+                })
+                .collect();
+            let q = &config.queue;
+            serde_json::json!({
+                "model": model.name,
+                "queued": queued,
+                "depth": depth,
+                "inflight": report.inflight,
+                "sessions_tracked": report.sessions_tracked,
+                "oldest_wait_ms": oldest_wait_ms,
+                "limits": {
+                    "strategy": q.strategy.name(),
+                    "max_queued": q.max_queued,
+                    "inflight_per_backend": q.inflight_per_backend,
+                    "prefill_tokens_per_backend": q.prefill_tokens_per_backend,
+                    "timeout_ms": q.timeout.as_millis() as u64,
+                    "max_overtakes": q.max_overtakes,
+                    "boosted_streak_max": q.boosted_streak_max,
+                    "grace_period_ms": q.grace_period.as_millis() as u64,
+                    "max_sessions": q.max_sessions,
+                },
+                "backends": backends,
+            })
+        })
+        .collect();
+    serde_json::json!({ "models": models })
+}
+
+/// `GET /debug/backends`.
+pub fn debug_backends(shared: &Shared) -> serde_json::Value {
+    let now = shared.clock.now();
+    let rate = shared.clock.rate();
+    let mut backends = Vec::new();
+    for (model, report) in shared.models.iter().zip(reports(shared)) {
+        for (backend, b) in model.backends.iter().zip(&report.backends) {
+            let scraped = b.scraped_at > 0;
+            let age_ms = scraped
+                .then(|| rate.duration(now.saturating_sub(b.scraped_at)).as_secs_f64() * 1e3);
+            backends.push(serde_json::json!({
+                "model": model.name,
+                "backend": backend.authority,
+                "healthy": b.healthy,
+                "ejected": b.ejected,
+                "waiting": b.waiting,
+                "last_scrape_age_ms": age_ms,
+                "inflight": b.inflight,
+                "prefill_tokens": b.prefill_tokens,
+            }));
+        }
+    }
+    serde_json::json!({ "backends": backends })
+}

@@ -56,14 +56,26 @@ impl<T, W: Wake> Ring<T, W> {
 
     /// Sends `message`; gives it back when the ring is full (the caller applies backpressure).
     pub fn push(&self, message: T) -> Result<(), T> {
-        self.queue.push(message)?;
-        // SeqCst fence: the push above is ordered before the read of `sleeping` below, pairing
-        // with the fence in `prepare_sleep` (store `sleeping`, fence, read the queue).
+        self.push_quiet(message)?;
+        self.wake_if_sleeping();
+        Ok(())
+    }
+
+    /// Sends `message` without waking the consumer: a producer that sends a batch calls
+    /// [`Ring::wake_if_sleeping`] once after it, which must happen (the consumer may be asleep
+    /// with the message waiting until then).
+    pub fn push_quiet(&self, message: T) -> Result<(), T> {
+        self.queue.push(message)
+    }
+
+    /// Wakes the consumer if it announced sleep: the second half of [`Ring::push`].
+    pub fn wake_if_sleeping(&self) {
+        // SeqCst fence: the pushes before are ordered before the read of `sleeping` below,
+        // pairing with the fence in `prepare_sleep` (store `sleeping`, fence, read the queue).
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
             self.waker.wake();
         }
-        Ok(())
     }
 
     /// Takes the oldest message. Only the consumer calls this.

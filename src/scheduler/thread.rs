@@ -136,6 +136,7 @@ impl SchedulerThread {
         let inbox = Arc::new(Ring::new(inbox_capacity, ThreadWaker::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let report = Arc::new(Mutex::new(Report::of(&scheduler)));
+        let shard_count = shards.len();
         let worker = Worker {
             report: Arc::clone(&report),
             scheduler,
@@ -143,6 +144,7 @@ impl SchedulerThread {
             backlog: shards.iter().map(|_| VecDeque::new()).collect(),
             shards,
             out: Vec::with_capacity(BATCH * 2),
+            sent: vec![false; shard_count],
             ticked: false,
             stop: Arc::clone(&stop),
             clock,
@@ -178,6 +180,8 @@ struct Worker<W> {
     /// Decisions that did not fit their shard's ring, oldest first.
     backlog: Vec<VecDeque<Output>>,
     out: Vec<Output>,
+    /// Which shards received decisions in this pass (reused).
+    sent: Vec<bool>,
     /// A timer fired in this pass (the report is stale).
     ticked: bool,
     stop: Arc<AtomicBool>,
@@ -221,14 +225,20 @@ impl<W: Wake> Worker<W> {
         handled
     }
 
-    /// Sends this pass's decisions, after any older ones still waiting for the same shard.
+    /// Sends this pass's decisions, after any older ones still waiting for the same shard, and
+    /// wakes each shard that received some once (one eventfd write per pass, not per decision).
     fn deliver(&mut self) {
-        for (shard, backlog) in self.shards.iter().zip(&mut self.backlog) {
+        let sent = &mut self.sent;
+        sent.fill(false);
+        for ((shard, backlog), sent) in
+            self.shards.iter().zip(&mut self.backlog).zip(sent.iter_mut())
+        {
             while let Some(output) = backlog.pop_front() {
-                if let Err(output) = shard.push(output) {
+                if let Err(output) = shard.push_quiet(output) {
                     backlog.push_front(output);
                     break;
                 }
+                *sent = true;
             }
         }
         for output in self.out.drain(..) {
@@ -236,8 +246,15 @@ impl<W: Wake> Worker<W> {
             let backlog = &mut self.backlog[index];
             if !backlog.is_empty() {
                 backlog.push_back(output);
-            } else if let Err(output) = self.shards[index].push(output) {
+            } else if let Err(output) = self.shards[index].push_quiet(output) {
                 backlog.push_back(output);
+            } else {
+                sent[index] = true;
+            }
+        }
+        for (shard, &sent) in self.shards.iter().zip(sent.iter()) {
+            if sent {
+                shard.wake_if_sleeping();
             }
         }
     }

@@ -146,6 +146,8 @@ struct Client {
     timer: Option<TimerKey>,
     /// The client closed its side or the connection failed.
     gone: bool,
+    /// epoll reported the peer's FIN: read to the end, short reads included.
+    hup: bool,
     /// Close once the response is flushed.
     closing: bool,
     req: Option<Box<Request>>,
@@ -173,6 +175,8 @@ struct Upstream {
     rbuf: Vec<u8>,
     rlen: usize,
     eof: bool,
+    /// epoll reported the peer's FIN: read to the end, short reads included.
+    hup: bool,
     timer: Option<TimerKey>,
     /// Response head parsed: its framing upstream, and the relay plan to the client.
     framing: Option<ResponseFraming>,
@@ -222,6 +226,11 @@ struct Shard {
     /// Inputs that did not fit their model's inbox, oldest first.
     backlog: std::collections::VecDeque<(u16, Input)>,
     scratch: Vec<u8>,
+    /// Models whose inbox received inputs since the last wake.
+    dirty: Vec<bool>,
+    /// Client connections to read again: their response ended and the next request may be
+    /// buffered already.
+    again: Vec<usize>,
     timeouts: Timeouts,
     drain_deadline: Option<Tick>,
 }
@@ -238,6 +247,7 @@ struct Timeouts {
 impl Shard {
     fn new(setup: Setup) -> io::Result<Shard> {
         let shared = setup.shared;
+        let model_count = shared.models.len();
         let clock = shared.clock.clone();
         let rate = clock.rate();
         let server = &shared.config.server;
@@ -277,6 +287,8 @@ impl Shard {
             buffered: 0,
             backlog: std::collections::VecDeque::new(),
             scratch: Vec::with_capacity(16 << 10),
+            again: Vec::new(),
+            dirty: vec![false; model_count],
             timeouts,
             drain_deadline: None,
         })
@@ -286,7 +298,10 @@ impl Shard {
         let mut events = Events::with_capacity(1024);
         let mut expired = Vec::new();
         loop {
-            let timeout = if !self.backlog.is_empty() {
+            self.wake_schedulers();
+            let timeout = if !self.again.is_empty() {
+                Some(Duration::ZERO)
+            } else if !self.backlog.is_empty() {
                 Some(BACKLOG_TICK)
             } else if !self.wheel.is_empty() || self.drain_deadline.is_some() {
                 Some(TIMER_TICK)
@@ -305,11 +320,19 @@ impl Shard {
                 match event.token() {
                     LISTENER => self.accept(),
                     WAKER => {}
-                    Token(key) => self.ready(key, event.is_readable(), event.is_writable()),
+                    Token(key) => {
+                        let readable = event.is_readable() || event.is_read_closed();
+                        self.ready(key, readable, event.is_writable(), event.is_read_closed());
+                    }
                 }
             }
             while let Some(output) = self.ring.pop() {
                 self.decision(output);
+            }
+            while let Some(key) = self.again.pop() {
+                if matches!(self.conns.get(key), Some(Conn::Client(c)) if c.phase == Phase::Head) {
+                    self.read_client(key);
+                }
             }
             let now = self.clock.now();
             self.wheel.poll(now, &mut expired);
@@ -318,6 +341,7 @@ impl Shard {
             }
             self.flush_backlog();
             if self.shared.shutting_down.load(Ordering::Acquire) && self.drain(now) {
+                self.wake_schedulers();
                 return Ok(());
             }
         }
@@ -402,6 +426,7 @@ impl Shard {
                 phase: Phase::Head,
                 timer: None,
                 gone: false,
+                hup: false,
                 closing: false,
                 req: None,
             }));
@@ -415,7 +440,12 @@ impl Shard {
 
     // ----- events -----
 
-    fn ready(&mut self, key: usize, readable: bool, writable: bool) {
+    fn ready(&mut self, key: usize, readable: bool, writable: bool, hup: bool) {
+        match self.conns.get_mut(key) {
+            Some(Conn::Client(c)) => c.hup |= hup,
+            Some(Conn::Upstream(u)) => u.hup |= hup,
+            None => return,
+        }
         match self.conns.get(key) {
             Some(Conn::Client(_)) => {
                 if writable {
@@ -464,11 +494,17 @@ impl Shard {
                 c.rbuf.resize(c.rbuf.len() + grow, 0);
             }
             let end = c.rbuf.len().min(limit.max(c.rlen + 1));
+            let want = end - c.rlen;
             match c.stream.read(&mut c.rbuf[c.rlen..end]) {
                 Ok(0) => c.gone = true,
                 Ok(n) => {
                     c.rlen += n;
                     got = true;
+                    if n < want && !c.hup {
+                        // A short read drained the socket: the next byte brings a new edge,
+                        // so the read that would only say EAGAIN is skipped.
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -693,10 +729,11 @@ impl Shard {
             prompt_tokens: u32::try_from(body_len / 4).unwrap_or(u32::MAX),
             streaming: req.streaming,
         };
-        if m.inbox.push(Input::Arrive(arrival)).is_err() {
+        if m.inbox.push_quiet(Input::Arrive(arrival)).is_err() {
             let message = "the model's scheduler inbox is full";
             return self.router_error(key, 503, "unavailable", message, Some(model));
         }
+        self.dirty[usize::from(model)] = true;
         req.id = id;
         req.buffered = held;
         c.phase = Phase::Queued;
@@ -849,6 +886,7 @@ impl Shard {
             rbuf: Vec::new(),
             rlen: 0,
             eof: false,
+            hup: false,
             timer: None,
             framing: None,
             plan: RelayPlan { framing: ResponseFraming::None, keep_alive: false },
@@ -1026,8 +1064,10 @@ impl Shard {
         let pending = c.rlen > 0;
         let deadline = now + if pending { self.timeouts.header } else { self.timeouts.idle };
         self.set_timer(key, Some(deadline));
-        // Bytes may be waiting in the socket: the edge was consumed while the response ran.
-        self.read_client(key);
+        // A pipelined request may be buffered, and bytes may be waiting in the socket (the
+        // edge was consumed while the response ran): the loop reads the connection again, not
+        // this call, so a long pipeline is served iteratively rather than by recursion.
+        self.again.push(key);
     }
 
     /// The client closed or failed: drop its request the way its phase requires (S10).
@@ -1131,17 +1171,20 @@ impl Shard {
                 let grow = u.rbuf.len().clamp(4096, READ_CHUNK);
                 u.rbuf.resize(u.rbuf.len() + grow, 0);
             }
+            let want = u.rbuf.len() - u.rlen;
             match u.stream.read(&mut u.rbuf[u.rlen..]) {
                 Ok(0) => u.eof = true,
-                Ok(n) if u.state == UpState::Idle => {
-                    let _ = n;
-                    return self.close_upstream(up);
-                }
+                Ok(_) if u.state == UpState::Idle => return self.close_upstream(up),
                 Ok(n) => {
                     u.rlen += n;
                     self.relay(up);
-                    if !matches!(self.conns.get(up), Some(Conn::Upstream(u)) if u.state == UpState::Busy)
-                    {
+                    let busy = matches!(
+                        self.conns.get(up),
+                        Some(Conn::Upstream(u)) if u.state == UpState::Busy
+                    );
+                    let hup = matches!(self.conns.get(up), Some(Conn::Upstream(u)) if u.hup);
+                    if !busy || n < want && !hup {
+                        // Done, or a short read drained the socket (see `read_client`).
                         return;
                     }
                 }
@@ -1478,16 +1521,30 @@ impl Shard {
             self.backlog.push_back((model, input));
             return;
         }
-        if let Err(input) = self.shared.models[usize::from(model)].inbox.push(input) {
-            self.backlog.push_back((model, input));
+        match self.shared.models[usize::from(model)].inbox.push_quiet(input) {
+            Ok(()) => self.dirty[usize::from(model)] = true,
+            Err(input) => self.backlog.push_back((model, input)),
         }
     }
 
     fn flush_backlog(&mut self) {
         while let Some((model, input)) = self.backlog.pop_front() {
-            if let Err(input) = self.shared.models[usize::from(model)].inbox.push(input) {
-                self.backlog.push_front((model, input));
-                return;
+            match self.shared.models[usize::from(model)].inbox.push_quiet(input) {
+                Ok(()) => self.dirty[usize::from(model)] = true,
+                Err(input) => {
+                    self.backlog.push_front((model, input));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Wakes the schedulers this iteration sent inputs to: one wake per model per loop
+    /// iteration rather than one per input (a futex syscall each, on both threads).
+    fn wake_schedulers(&mut self) {
+        for (model, dirty) in self.shared.models.iter().zip(&mut self.dirty) {
+            if std::mem::take(dirty) {
+                model.inbox.wake_if_sleeping();
             }
         }
     }

@@ -1,0 +1,827 @@
+//! The dataplane end to end on loopback: `warmpath::server::start` in front of programmable fake
+//! backends (`tests/support`), driven by a raw HTTP/1.1 client. Each test has its own router and
+//! backends, waits by polling `/debug/queue`, `/metrics` or the backends (never by a fixed
+//! sleep), and finishes well under 5 s.
+
+mod support;
+
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::backend::{Backend, Reply, DEFAULT_CONTENT};
+use support::client::{self, chat_request, Conn};
+use support::router::{Router, Setup};
+use support::{eventually, now, since, wait_until, PATIENCE};
+
+// ---------------------------------------------------------------------------------------------
+// The fake backend itself.
+
+#[test]
+fn fake_backend_answers_holds_and_reports_gauges() {
+    let backend = Backend::start();
+    backend.set_waiting(3);
+    let metrics = client::get(backend.addr(), "/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.text().contains("vllm:num_requests_waiting{model_name=\"m\"} 3.0"));
+    assert_eq!(client::get(backend.addr(), "/health").status, 200);
+    backend.set_healthy(false);
+    assert_eq!(client::get(backend.addr(), "/health").status, 503);
+    assert_eq!((backend.health_checks(), backend.scrapes()), (2, 1));
+
+    let answer = client::exchange(backend.addr(), &chat_request("m", Some("s1"), false));
+    assert_eq!((answer.status, answer.content()), (200, DEFAULT_CONTENT.to_owned()));
+
+    backend.hold();
+    let mut held = Conn::open(backend.addr());
+    held.send(&chat_request("m", Some("s2"), false));
+    backend.wait_holding(1);
+    held.set_read_timeout(Duration::from_millis(50));
+    assert!(held.read_response().is_err(), "a held request does not answer");
+    held.set_read_timeout(PATIENCE);
+    backend.release(1);
+    assert_eq!(held.response().status, 200);
+    let sessions: Vec<_> = backend.requests().into_iter().map(|r| r.session).collect();
+    assert_eq!(sessions, [Some("s1".to_owned()), Some("s2".to_owned())]);
+}
+
+#[test]
+fn fake_backend_streams_on_command_and_sees_the_client_leave() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let mut conn = Conn::open(backend.addr());
+    conn.send(&chat_request("m", None, true));
+    let stream = backend.next_stream();
+    let head = conn.read_head().unwrap();
+    assert_eq!(head.header("content-type"), Some("text/event-stream"));
+    stream.event("one");
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: one"));
+    stream.event("two");
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: two"));
+    drop(conn);
+    eventually("the backend to see the client leave", || stream.peer_closed());
+
+    let mut conn = Conn::open(backend.addr());
+    conn.send(&chat_request("m", None, true));
+    let stream = backend.next_stream();
+    conn.read_head().unwrap();
+    stream.event("one");
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: one"));
+    stream.die();
+    let err = conn.next_event().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+}
+
+#[test]
+fn fake_backend_auto_streams_and_resets() {
+    let backend = Backend::start();
+    let mut conn = Conn::open(backend.addr());
+    conn.send(&chat_request("m", None, true));
+    conn.read_head().unwrap();
+    let mut content = String::new();
+    while let Some(event) = conn.next_event().unwrap() {
+        let data = event.strip_prefix("data: ").unwrap();
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: serde_json::Value = serde_json::from_str(data).unwrap();
+        content.push_str(chunk["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(content, DEFAULT_CONTENT);
+
+    backend.script(Reply::Reset);
+    let mut conn = Conn::open(backend.addr());
+    conn.send(&chat_request("m", None, false));
+    assert!(conn.read_response().is_err());
+    assert_eq!(backend.resets(), 1);
+    backend.stop_listening();
+    assert!(std::net::TcpStream::connect(backend.addr()).is_err(), "refused after stop");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming and scheduling through HTTP.
+
+const M: &str = "m";
+
+/// One model `m` on `backends`, every other key as [`Setup::new`].
+fn setup(backends: &[&Backend]) -> Setup {
+    let addresses: Vec<String> = backends.iter().map(|b| b.address()).collect();
+    Setup::new().model(M, &addresses)
+}
+
+/// Sends a sessionless request that the (holding) backend keeps, and waits until it holds it.
+fn occupy(router: &Router, backend: &Backend) -> Conn {
+    let held_before = backend.holding();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("occupant"), false));
+    backend.wait_holding(held_before + 1);
+    conn
+}
+
+#[test]
+fn sse_events_reach_the_client_before_the_backend_sends_the_next() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let router = setup(&[&backend]).start();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("s"), true));
+    let stream = backend.next_stream();
+    stream.event("{\"i\":0}");
+    let head = conn.read_head().expect("response head");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-type"), Some("text/event-stream"));
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: {\"i\":0}"));
+    for i in 1..6 {
+        let data = format!("{{\"i\":{i}}}");
+        stream.event(&data);
+        assert_eq!(conn.next_event().unwrap(), Some(format!("data: {data}")), "event {i}");
+    }
+    stream.done();
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: [DONE]"));
+    assert_eq!(conn.next_event().unwrap(), None, "the body ends cleanly");
+    client::wait_idle(router.admin, M);
+}
+
+/// SPEC S3's example through HTTP, on two shards: completions A, B, C; then B, C, A and a
+/// sessionless request queue behind an occupied slot and are admitted C, B, A, sessionless.
+#[test]
+fn follow_ups_are_admitted_most_recently_completed_session_first() {
+    let backend = Backend::start();
+    let router =
+        setup(&[&backend]).server("shards", "2").queue("inflight_per_backend", "1").start();
+    for (tracked, session) in (1..).zip(["A", "B", "C"]) {
+        let response = client::exchange(router.addr, &chat_request(M, Some(session), false));
+        assert_eq!(response.status, 200, "warm-up {session}: {}", response.text());
+        eventually(&format!("{tracked} tracked sessions"), || {
+            client::model_queue(router.admin, M)["sessions_tracked"].as_u64() == Some(tracked)
+        });
+    }
+    backend.hold();
+    let mut occupant = occupy(&router, &backend);
+    let mut queued = Vec::new();
+    for (n, session) in (1..).zip([Some("B"), Some("C"), Some("A"), None]) {
+        let mut conn = Conn::open(router.addr);
+        conn.send(&chat_request(M, session, false));
+        client::wait_queued(router.admin, M, n);
+        queued.push(conn);
+    }
+    let depth = &client::model_queue(router.admin, M)["depth"];
+    assert_eq!(
+        (depth["boosted"].as_u64(), depth["normal"].as_u64()),
+        (Some(3), Some(1)),
+        "{depth}"
+    );
+
+    backend.release(1);
+    assert_eq!(occupant.response().status, 200);
+    let mut order = Vec::new();
+    for n in 0..4 {
+        let requests = backend.wait_for_requests(3 + 1 + n + 1, PATIENCE);
+        order.push(requests.last().unwrap().session.clone());
+        backend.release(1);
+    }
+    let expected = [Some("C"), Some("B"), Some("A"), None].map(|s| s.map(str::to_owned));
+    assert_eq!(order, expected);
+    for mut conn in queued {
+        assert_eq!(conn.response().status, 200);
+    }
+    client::wait_idle(router.admin, M);
+}
+
+#[test]
+fn a_request_queued_past_the_queue_timeout_gets_504() {
+    let backend = Backend::start();
+    backend.hold();
+    let router =
+        setup(&[&backend]).queue("inflight_per_backend", "1").queue("timeout", "200ms").start();
+    let mut occupant = occupy(&router, &backend);
+    let start = now();
+    let response = client::exchange(router.addr, &chat_request(M, Some("late"), false));
+    let waited = since(start);
+    response.assert_error(504, "queue_timeout");
+    response.assert_retry_after();
+    assert!(waited >= Duration::from_millis(190), "answered after {waited:?}");
+    assert!(waited < Duration::from_secs(3), "answered after {waited:?}");
+    assert_eq!(backend.request_count(), 1, "the timed-out request never reached the backend");
+    client::wait_metric(router.admin, "warmpath_queue_timeouts_total", &[("model", M)], |n| {
+        n == 1.0
+    });
+    backend.release_all();
+    assert_eq!(occupant.response().status, 200);
+    client::wait_idle(router.admin, M);
+}
+
+#[test]
+fn a_request_beyond_max_queued_gets_429() {
+    let backend = Backend::start();
+    backend.hold();
+    let router =
+        setup(&[&backend]).queue("inflight_per_backend", "1").queue("max_queued", "2").start();
+    let mut occupant = occupy(&router, &backend);
+    let mut queued = Vec::new();
+    for n in 1..=2 {
+        let mut conn = Conn::open(router.addr);
+        conn.send(&chat_request(M, None, false));
+        client::wait_queued(router.admin, M, n);
+        queued.push(conn);
+    }
+    let start = now();
+    let response = client::exchange(router.addr, &chat_request(M, None, false));
+    response.assert_error(429, "queue_full");
+    response.assert_retry_after();
+    assert!(since(start) < Duration::from_secs(1), "429 comes at once");
+    let labels = [("model", M), ("reason", "queue_full")];
+    client::wait_metric(router.admin, "warmpath_queue_rejected_total", &labels, |n| n == 1.0);
+    backend.release_all();
+    assert_eq!(occupant.response().status, 200);
+    for mut conn in queued {
+        assert_eq!(conn.response().status, 200);
+    }
+    assert_eq!(backend.request_count(), 3);
+}
+
+/// S13: on shutdown, queued requests get 503 at once while the in-flight one runs to its end;
+/// then every thread stops and the listener is closed.
+#[test]
+fn shutdown_answers_queued_requests_503_and_drains_the_inflight_one() {
+    let backend = Backend::start();
+    backend.hold();
+    let router =
+        setup(&[&backend]).queue("inflight_per_backend", "1").server("drain_timeout", "5s").start();
+    let addr = router.addr;
+    let mut occupant = occupy(&router, &backend);
+    let mut queued = Vec::new();
+    for n in 1..=2 {
+        let mut conn = Conn::open(router.addr);
+        conn.send(&chat_request(M, Some(&format!("q{n}")), false));
+        client::wait_queued(router.admin, M, n);
+        queued.push(conn);
+    }
+    router.shutdown();
+    for mut conn in queued {
+        let response = conn.response();
+        response.assert_error(503, "unavailable");
+        response.assert_retry_after();
+    }
+    assert_eq!(backend.holding(), 1, "the in-flight request is still running");
+    backend.release(1);
+    let response = occupant.response();
+    assert_eq!((response.status, response.content()), (200, DEFAULT_CONTENT.to_owned()));
+    drop(occupant);
+    assert!(router.wait_within(PATIENCE), "the router stops after draining");
+    assert!(TcpStream::connect(addr).is_err(), "the listener is closed after wait()");
+    assert_eq!(backend.request_count(), 1);
+}
+
+/// S13: when the last in-flight response has been relayed during a drain, its connection is
+/// closed (`Connection: close`) and the router stops at once, even though the client would
+/// keep the connection open: `drain_timeout` bounds the drain, it is not a wait.
+#[test]
+#[ignore = "server bug: a keep-alive client connection stays open after its in-flight response \
+            during a drain (no Connection: close), so the shard lingers until drain_timeout"]
+fn a_drain_ends_when_the_last_inflight_response_is_relayed() {
+    let backend = Backend::start();
+    backend.hold();
+    let router = setup(&[&backend]).server("drain_timeout", "10s").start();
+    let mut occupant = occupy(&router, &backend);
+    router.shutdown();
+    backend.release(1);
+    let response = occupant.response();
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("connection"), Some("close"), "{:?}", response.headers);
+    assert!(occupant.closed_within(Duration::from_secs(1)), "closed after the response");
+    let start = now();
+    assert!(router.wait_within(PATIENCE), "the router stops");
+    assert!(since(start) < Duration::from_secs(2), "stopped after {:?}", since(start));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends failing, refusing, busy.
+
+#[test]
+fn backend_error_statuses_are_relayed_as_sent_and_not_retried() {
+    let (first, second) = (Backend::start(), Backend::start());
+    let router = setup(&[&first, &second]).model_key("routing", "round-robin").start();
+    let cases = [
+        (400, r#"{"error":{"message":"bad","type":"invalid_request_error","code":"bad_thing"}}"#),
+        (503, r#"{"error":{"message":"busy","type":"server_error","code":null}}"#),
+        (429, r#"{"error":{"message":"slow down","type":"rate_limit","code":"rl"}}"#),
+    ];
+    for (n, (status, body)) in (1..).zip(cases) {
+        first.set_default(Reply::Status(status, body.to_owned()));
+        second.set_default(Reply::Status(status, body.to_owned()));
+        let response = client::exchange(router.addr, &chat_request(M, None, false));
+        assert_eq!(response.status, status);
+        assert_eq!(response.text(), body, "the backend's body, unchanged");
+        assert_eq!(first.request_count() + second.request_count(), n, "sent exactly once");
+    }
+    for (status, _) in cases {
+        let labels = [("model", M), ("status", &status.to_string())];
+        client::wait_metric(router.admin, "warmpath_requests_total", &labels, |n| n == 1.0);
+    }
+    client::wait_idle(router.admin, M);
+    assert_eq!(first.request_count() + second.request_count(), 3, "no late retry");
+}
+
+/// Two healthy backends; the first then stops listening (before its next health check, 30 s
+/// away): requests sent to it are refused at connect and retried on the second.
+#[test]
+fn a_refused_connection_is_retried_on_another_backend() {
+    let (dead, live) = (Backend::start(), Backend::start());
+    let router = setup(&[&dead, &live])
+        .model_key("routing", "round-robin")
+        .upstream("metrics_interval", "30s")
+        .upstream("metrics_stale_after", "60s")
+        .start();
+    eventually("both backends checked once", || {
+        dead.health_checks() > 0 && live.health_checks() > 0
+    });
+    dead.stop_listening();
+    for n in 1..=2 {
+        let response = client::exchange(router.addr, &chat_request(M, None, false));
+        assert_eq!((response.status, response.content()), (200, DEFAULT_CONTENT.to_owned()));
+        assert_eq!(live.request_count(), n);
+    }
+    client::wait_metric(router.admin, "warmpath_retries_total", &[("model", M)], |n| n >= 1.0);
+    client::wait_idle(router.admin, M);
+}
+
+/// A backend that resets the connection before any response byte: retried on the other one.
+#[test]
+fn a_reset_before_any_response_byte_is_retried_on_another_backend() {
+    let (resetting, live) = (Backend::start(), Backend::start());
+    resetting.set_default(Reply::Reset);
+    let router = setup(&[&resetting, &live]).model_key("routing", "round-robin").start();
+    for n in 1..=2 {
+        let response = client::exchange(router.addr, &chat_request(M, None, false));
+        assert_eq!((response.status, response.content()), (200, DEFAULT_CONTENT.to_owned()));
+        assert_eq!(live.request_count(), n);
+    }
+    assert!(resetting.resets() >= 1, "the resetting backend was tried");
+    client::wait_metric(router.admin, "warmpath_retries_total", &[("model", M)], |n| n >= 1.0);
+    client::wait_idle(router.admin, M);
+}
+
+/// S6.2: a vLLM backend whose `num_requests_waiting` is positive gets nothing, through several
+/// fresh snapshots, until a snapshot says 0.
+#[test]
+fn a_backend_with_waiting_requests_gets_nothing_until_its_gauge_is_zero() {
+    let backend = Backend::start();
+    backend.set_waiting(2);
+    let router = setup(&[&backend]).model_key("engine", "vllm").start();
+    eventually("two scrapes", || backend.scrapes() >= 2);
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("s"), false));
+    client::wait_queued(router.admin, M, 1);
+    let scrapes = backend.scrapes();
+    eventually("three more scrapes", || backend.scrapes() >= scrapes + 3);
+    assert_eq!(client::queued(router.admin, M), 1, "still queued");
+    assert_eq!(backend.request_count(), 0, "nothing sent to a backend with a queue");
+    backend.set_waiting(0);
+    let response = conn.response();
+    assert_eq!(response.status, 200);
+    assert_eq!(backend.request_count(), 1);
+    client::wait_idle(router.admin, M);
+}
+
+#[test]
+fn a_backend_dying_mid_stream_ends_the_client_stream_without_a_retry() {
+    let (first, second) = (Backend::start(), Backend::start());
+    first.set_default(Reply::Stream);
+    second.set_default(Reply::Stream);
+    let router = setup(&[&first, &second]).start();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, None, true));
+    let (stream, other) = wait_until("a stream on either backend", PATIENCE, || {
+        if first.request_count() > 0 {
+            Some((first.next_stream(), &second))
+        } else if second.request_count() > 0 {
+            Some((second.next_stream(), &first))
+        } else {
+            None
+        }
+    });
+    stream.event("one");
+    let head = conn.read_head().unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: one"));
+    stream.die();
+    match head.header("transfer-encoding") {
+        Some(_) => {
+            let end = conn.next_event();
+            assert!(end.is_err(), "a chunked body ends without its last chunk: {end:?}");
+        }
+        None => assert_eq!(conn.next_event().unwrap(), None, "the connection closes"),
+    }
+    assert!(conn.closed_within(PATIENCE), "the client connection is closed");
+    client::wait_idle(router.admin, M);
+    assert_eq!(other.request_count(), 0, "bytes were relayed: no retry");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients going away.
+
+#[test]
+fn a_client_gone_while_queued_is_dropped_and_counted() {
+    let backend = Backend::start();
+    backend.hold();
+    let router = setup(&[&backend]).queue("inflight_per_backend", "1").start();
+    let mut occupant = occupy(&router, &backend);
+    let mut gone = Conn::open(router.addr);
+    gone.send(&chat_request(M, Some("gone"), false));
+    client::wait_queued(router.admin, M, 1);
+    drop(gone);
+    client::wait_queued(router.admin, M, 0);
+    client::wait_metric(router.admin, "warmpath_queue_cancelled_total", &[("model", M)], |n| {
+        n == 1.0
+    });
+    backend.release_all();
+    assert_eq!(occupant.response().status, 200);
+    let after = client::exchange(router.addr, &chat_request(M, Some("after"), false));
+    assert_eq!(after.status, 200);
+    let sessions: Vec<_> = backend.requests().into_iter().map(|r| r.session).collect();
+    let expected = [Some("occupant"), Some("after")].map(|s| s.map(str::to_owned));
+    assert_eq!(sessions, expected, "the cancelled request never reached the backend");
+    client::wait_idle(router.admin, M);
+}
+
+#[test]
+fn a_client_gone_mid_stream_closes_the_backend_connection() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let router = setup(&[&backend]).start();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("s"), true));
+    let stream = backend.next_stream();
+    stream.event("one");
+    assert_eq!(conn.read_head().unwrap().status, 200);
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: one"));
+    assert_eq!(client::inflight(router.admin, M), 1);
+    drop(conn);
+    // The engine keeps producing tokens; the router must abort the upstream request.
+    wait_until("the backend to see its connection close", PATIENCE, || {
+        stream.event("more");
+        stream.peer_closed().then_some(())
+    });
+    client::wait_idle(router.admin, M);
+    assert_eq!(client::backend_inflight(router.admin, M, &backend.address()), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input and the router's own routes.
+
+/// A router with small limits: 1 KiB heads, 1000-byte bodies, 200 ms to send either.
+fn strict(backend: &Backend) -> Router {
+    setup(&[backend])
+        .server("max_header_bytes", "1024")
+        .server("max_body_bytes", "1000")
+        .server("header_timeout", "200ms")
+        .server("body_timeout", "200ms")
+        .start()
+}
+
+fn post(body: &[u8]) -> Vec<u8> {
+    client::request("POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body)
+}
+
+#[test]
+fn bodies_without_a_usable_model_are_400_and_unknown_models_404() {
+    let backend = Backend::start();
+    let router = strict(&backend);
+    let invalid: [&[u8]; 6] = [
+        b"{not json",
+        b"{\"messages\":[]}",
+        b"{\"model\":5}",
+        b"{\"x\":{\"model\":\"m\"}}",
+        b"[\"m\"]",
+        b"",
+    ];
+    for body in invalid {
+        let response = client::exchange(router.addr, &post(body));
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(response.status, 400, "body {shown:?}: {}", response.text());
+        response.assert_error(400, "invalid_request");
+    }
+    let response = client::exchange(router.addr, &post(b"{\"model\":\"nope\"}"));
+    response.assert_error(404, "model_not_found");
+    let long = "s".repeat(300);
+    let response = client::exchange(router.addr, &chat_request(M, Some(&long), false));
+    response.assert_error(400, "invalid_request");
+    assert_eq!(backend.request_count(), 0);
+}
+
+#[test]
+fn oversized_heads_and_bodies_are_refused() {
+    let backend = Backend::start();
+    let router = strict(&backend);
+    let big = "a".repeat(2000);
+    let response = client::exchange(
+        router.addr,
+        &client::request("GET", "/v1/models", &[("X-Big", &big)], b""),
+    );
+    response.assert_error(431, "headers_too_large");
+
+    // A declared length over the limit: refused from the head alone.
+    let mut conn = Conn::open(router.addr);
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                Content-Length: 5000\r\n\r\n";
+    conn.send(head.as_bytes());
+    conn.response().assert_error(413, "body_too_large");
+
+    // A chunked body growing past the limit.
+    let mut conn = Conn::open(router.addr);
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                Transfer-Encoding: chunked\r\n\r\n";
+    conn.send(head.as_bytes());
+    let piece = format!("{{\"model\":\"m\",\"pad\":\"{}", "x".repeat(400));
+    for _ in 0..3 {
+        conn.send_lossy(&support::wire::chunk(piece.as_bytes()));
+    }
+    conn.response().assert_error(413, "body_too_large");
+    assert_eq!(backend.request_count(), 0);
+}
+
+#[test]
+fn slow_heads_and_bodies_get_408() {
+    let backend = Backend::start();
+    let router = strict(&backend);
+    let mut slow_head = Conn::open(router.addr);
+    let start = now();
+    slow_head.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n");
+    slow_head.response().assert_error(408, "request_timeout");
+    let waited = since(start);
+    assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(3), "{waited:?}");
+
+    let mut slow_body = Conn::open(router.addr);
+    let start = now();
+    slow_body.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"model\":",
+    );
+    slow_body.response().assert_error(408, "request_timeout");
+    let waited = since(start);
+    assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(3), "{waited:?}");
+    assert_eq!(backend.request_count(), 0);
+}
+
+#[test]
+fn smuggling_shapes_are_400_and_close_the_connection() {
+    let backend = Backend::start();
+    let router = strict(&backend);
+    let body = chat_body_bytes();
+    let shapes = [
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n",
+            body.len()
+        ),
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len(),
+            body.len() + 1
+        ),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n\
+         zz\r\n"
+            .to_owned(),
+    ];
+    for shape in shapes {
+        let mut conn = Conn::open(router.addr);
+        conn.send(shape.as_bytes());
+        conn.send_lossy(&body);
+        let response = conn.response();
+        assert_eq!(response.status, 400, "{shape:?}: {}", response.text());
+        response.assert_error(400, "invalid_request");
+        conn.assert_closed();
+    }
+    assert_eq!(backend.request_count(), 0);
+}
+
+fn chat_body_bytes() -> Vec<u8> {
+    client::chat_body(M, false).into_bytes()
+}
+
+#[test]
+fn models_health_readiness_and_unknown_paths() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let models = client::get(router.addr, "/v1/models");
+    assert_eq!(models.status, 200);
+    let json = models.json();
+    assert_eq!(json["object"], "list", "{json}");
+    let data = json["data"].as_array().expect("data array");
+    assert_eq!(data.len(), 1, "{json}");
+    assert_eq!((data[0]["id"].as_str(), data[0]["object"].as_str()), (Some(M), Some("model")));
+
+    let healthz = client::get(router.addr, "/healthz");
+    assert_eq!(healthz.status, 200);
+    let _ = healthz.json();
+    let readyz = client::get(router.addr, "/readyz");
+    assert_eq!(readyz.status, 200, "{}", readyz.text());
+    let _ = readyz.json();
+
+    for request in [
+        client::get_request("/nope"),
+        client::get_request("/v1/chat/completions"),
+        client::request("POST", "/chat/completions", &[], &chat_body_bytes()),
+    ] {
+        let response = client::exchange(router.addr, &request);
+        response.assert_error(404, "model_not_found");
+    }
+    assert_eq!(backend.request_count(), 0);
+}
+
+#[test]
+fn readyz_follows_the_health_of_the_only_backend() {
+    let backend = Backend::start();
+    backend.set_healthy(false);
+    let router = setup(&[&backend]).start();
+    eventually("/readyz to say 503", || client::get(router.addr, "/readyz").status == 503);
+    backend.set_healthy(true);
+    eventually("/readyz to say 200", || client::get(router.addr, "/readyz").status == 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections and forwarding.
+
+#[test]
+fn keep_alive_serves_two_requests_on_one_connection() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).server("shards", "2").start();
+    let mut conn = Conn::open(router.addr);
+    for session in ["a", "b"] {
+        let response = conn.exchange(&chat_request(M, Some(session), false));
+        assert_eq!((response.status, response.content()), (200, DEFAULT_CONTENT.to_owned()));
+    }
+    assert_eq!(backend.request_count(), 2);
+    let labels = [("model", M), ("status", "200")];
+    client::wait_metric(router.admin, "warmpath_requests_total", &labels, |n| n == 2.0);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let mut conn = Conn::open(router.addr);
+    let body = chat_body_bytes();
+    let mut both = Vec::new();
+    for tag in ["first", "second", "third"] {
+        let headers = [("Content-Type", "application/json"), ("X-Reply", tag)];
+        both.extend(client::request("POST", "/v1/chat/completions", &headers, &body));
+    }
+    conn.send(&both);
+    for tag in ["first", "second", "third"] {
+        let response = conn.response();
+        assert_eq!((response.status, response.content()), (200, tag.to_owned()));
+    }
+}
+
+/// The odd spacing and key order of a client's body, a `"model"` inside a string and a nested
+/// one: all untouched, only the top-level value changes.
+const ODD_BODY: &str = r#"{ "stream":false ,"model" :  "m","messages":[{"role":"user","content":"say \"model\": \"m\""}],"z":{"model":"m"} }"#;
+
+#[test]
+fn upstream_model_is_rewritten_in_place() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).model_key("upstream_model", "org/Upstream-7B").start();
+    let request = client::request(
+        "POST",
+        "/v1/chat/completions?api-version=1",
+        &[("Content-Type", "application/json")],
+        ODD_BODY.as_bytes(),
+    );
+    assert_eq!(client::exchange(router.addr, &request).status, 200);
+    let received = &backend.wait_for_requests(1, PATIENCE)[0];
+    let expected = ODD_BODY.replacen(r#"  "m","#, r#"  "org/Upstream-7B","#, 1);
+    assert_eq!(String::from_utf8_lossy(&received.body), expected);
+    assert_eq!(received.header("content-length"), Some(expected.len().to_string().as_str()));
+    assert_eq!(
+        (received.method.as_str(), received.target.as_str()),
+        ("POST", "/v1/chat/completions?api-version=1")
+    );
+}
+
+#[test]
+fn bodies_are_forwarded_byte_for_byte_and_chunked_ones_with_a_length() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    assert_eq!(client::exchange(router.addr, &post(ODD_BODY.as_bytes())).status, 200);
+    let mut conn = Conn::open(router.addr);
+    conn.send(
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: chunked\r\n\r\n",
+    );
+    let (a, b) = ODD_BODY.split_at(20);
+    let mut chunks = support::wire::chunk(a.as_bytes());
+    chunks.extend(support::wire::chunk(b.as_bytes()));
+    chunks.extend(b"0\r\n\r\n");
+    conn.send(&chunks);
+    assert_eq!(conn.response().status, 200);
+    let received = backend.wait_for_requests(2, PATIENCE);
+    for request in &received {
+        assert_eq!(String::from_utf8_lossy(&request.body), ODD_BODY);
+        assert_eq!(request.header("content-length"), Some(ODD_BODY.len().to_string().as_str()));
+        assert_eq!(request.header("transfer-encoding"), None);
+    }
+    assert_eq!(received[1].target, "/v1/completions");
+}
+
+#[test]
+fn forwarding_headers_are_added_and_hop_by_hop_ones_removed() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer sk-test"),
+        ("X-Custom", "kept"),
+        ("X-Forwarded-For", "10.1.2.3"),
+        ("Connection", "keep-alive, X-Hop"),
+        ("X-Hop", "dropped"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Connection", "keep-alive"),
+        ("TE", "trailers"),
+    ];
+    let first = client::request("POST", "/v1/chat/completions", &headers, &chat_body_bytes());
+    let second = client::request(
+        "POST",
+        "/v1/chat/completions",
+        &[("X-Request-ID", "req-42"), ("Content-Type", "application/json")],
+        &chat_body_bytes(),
+    );
+    backend.set_default(Reply::Custom {
+        status: 200,
+        headers: vec![
+            ("Content-Type".into(), "application/json".into()),
+            ("X-Backend".into(), "yes".into()),
+            ("Keep-Alive".into(), "timeout=99".into()),
+            ("Connection".into(), "X-Secret".into()),
+            ("X-Secret".into(), "1".into()),
+        ],
+        body: b"{\"ok\":true}".to_vec(),
+    });
+    let response = client::exchange(router.addr, &first);
+    assert_eq!((response.status, response.text().as_str()), (200, "{\"ok\":true}"));
+    assert_eq!(response.header("x-backend"), Some("yes"));
+    assert_ne!(response.header("keep-alive"), Some("timeout=99"), "{:?}", response.headers);
+    assert_eq!(response.header("x-secret"), None, "{:?}", response.headers);
+    assert_eq!(client::exchange(router.addr, &second).status, 200);
+
+    let received = backend.wait_for_requests(2, PATIENCE);
+    let sent = &received[0];
+    assert_eq!(sent.header_all("x-forwarded-for").join(", "), "10.1.2.3, 127.0.0.1");
+    let id = sent.header("x-request-id").expect("X-Request-ID added");
+    assert!(!id.is_empty());
+    assert_eq!(sent.header("authorization"), Some("Bearer sk-test"));
+    assert_eq!(sent.header("x-custom"), Some("kept"));
+    for hop in ["x-hop", "keep-alive", "proxy-connection", "te"] {
+        assert_eq!(sent.header(hop), None, "{hop} forwarded: {:?}", sent.headers);
+    }
+    let sent = &received[1];
+    assert_eq!(sent.header_all("x-request-id"), ["req-42"]);
+    assert_eq!(sent.header_all("x-forwarded-for"), ["127.0.0.1"]);
+    assert_ne!(received[0].header("x-request-id"), Some("req-42"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary.
+
+/// `warmpath serve --config FILE --listen ... --admin-listen ...` serves, and exits 0 on
+/// SIGTERM and on SIGINT.
+#[test]
+fn the_binary_serves_and_exits_0_on_sigterm_and_sigint() {
+    let backend = Backend::start();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("serve-{}.toml", backend.addr().port()));
+    std::fs::write(&path, setup(&[&backend]).toml()).unwrap();
+    for signal in ["TERM", "INT"] {
+        let (listen, admin) = (free_address(), free_address());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
+        command.args(["serve", "--config", path.to_str().unwrap(), "--listen", &listen]);
+        command.args(["--admin-listen", &admin]).stdout(Stdio::null()).stderr(Stdio::null());
+        for (variable, _) in warmpath::config::ENV_VARS {
+            command.env_remove(variable);
+        }
+        let mut child = command.spawn().expect("the binary starts");
+        let addr: SocketAddr = listen.parse().unwrap();
+        wait_until("the binary to listen", PATIENCE, || TcpStream::connect(addr).ok().map(|_| ()));
+        assert_eq!(client::get(addr, "/healthz").status, 200);
+        let response = client::exchange(addr, &chat_request(M, Some("bin"), false));
+        assert_eq!(response.status, 200);
+        let admin: SocketAddr = admin.parse().unwrap();
+        assert_eq!(client::get(admin, "/metrics").status, 200);
+        let mut kill = Command::new("kill");
+        kill.args([&format!("-{signal}"), &child.id().to_string()]);
+        assert!(kill.status().unwrap().success());
+        let status = wait_until(&format!("exit after SIG{signal}"), PATIENCE, || {
+            child.try_wait().expect("try_wait")
+        });
+        assert_eq!(status.code(), Some(0), "SIG{signal}: {status:?}");
+    }
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_address() -> String {
+    support::backend::refusing_address()
+}

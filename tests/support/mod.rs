@@ -1,0 +1,85 @@
+//! Shared helpers of the loopback integration tests (`tests/serve.rs`, `tests/openai_client.rs`):
+//! - [`backend`]: a programmable fake inference engine (answer, hold, stream, fail, reset) that
+//!   records every request it receives;
+//! - [`client`]: a raw HTTP/1.1 client that sees exactly what the router sends (heads, chunked
+//!   framing, SSE events as they arrive) plus admin helpers for `/metrics` and `/debug/queue`;
+//! - [`router`]: a TOML configuration builder and a handle on a running `warmpath::server`.
+//!
+//! Time is read through `warmpath::clock` (clippy bans `Instant::now` outside it), and every
+//! wait is a poll with a deadline, never a fixed sleep used as synchronisation.
+
+#![allow(dead_code)]
+
+pub mod backend;
+pub mod client;
+pub mod router;
+pub mod wire;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use warmpath::clock::{Clock, Tick};
+
+/// How long a test waits for anything that should happen "at once" before failing.
+pub const PATIENCE: Duration = Duration::from_secs(5);
+
+/// The poll period of [`wait_until`].
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// The process-wide real clock (calibrated once).
+pub fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(Clock::real)
+}
+
+/// The current tick of [`clock`].
+pub fn now() -> Tick {
+    clock().now()
+}
+
+/// Time elapsed since `start` (a tick of [`now`]).
+pub fn since(start: Tick) -> Duration {
+    clock().rate().duration(now().saturating_sub(start))
+}
+
+/// A point in time after which a wait gives up.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    start: Tick,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now.
+    pub fn after(timeout: Duration) -> Deadline {
+        Deadline { start: now(), timeout }
+    }
+
+    /// Whether the deadline has passed.
+    pub fn passed(&self) -> bool {
+        since(self.start) >= self.timeout
+    }
+
+    /// Time left (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.timeout.saturating_sub(since(self.start))
+    }
+}
+
+/// Polls `probe` every [`POLL`] until it returns `Some`, for at most `timeout`; panics naming
+/// `what` when it never does.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Deadline::after(timeout);
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(!deadline.passed(), "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Polls `condition` until it holds (at most [`PATIENCE`]); panics naming `what` otherwise.
+pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    wait_until(what, PATIENCE, || condition().then_some(()));
+}

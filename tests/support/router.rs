@@ -1,0 +1,192 @@
+//! A configuration builder for loopback tests and a handle on a running router.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use warmpath::config::Config;
+use warmpath::server::{self, Running};
+
+use super::PATIENCE;
+
+/// One `[[model]]` of a [`Setup`].
+#[derive(Debug, Clone)]
+struct Model {
+    name: String,
+    backends: Vec<String>,
+    keys: BTreeMap<String, String>,
+}
+
+/// A TOML configuration for loopback tests: both listeners on `127.0.0.1:0`, one unpinned
+/// shard, a 2 s drain, metrics scraped every 50 ms, 500 ms connect timeout. Values are given
+/// as text and quoted unless they are numbers, booleans or arrays.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    server: BTreeMap<String, String>,
+    queue: BTreeMap<String, String>,
+    upstream: BTreeMap<String, String>,
+    models: Vec<Model>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup::new()
+    }
+}
+
+impl Setup {
+    /// The defaults above and no model.
+    pub fn new() -> Setup {
+        let mut setup = Setup {
+            server: BTreeMap::new(),
+            queue: BTreeMap::new(),
+            upstream: BTreeMap::new(),
+            models: Vec::new(),
+        };
+        setup = setup
+            .server("listen", "127.0.0.1:0")
+            .server("admin_listen", "127.0.0.1:0")
+            .server("shards", "1")
+            .server("pin_cores", "false")
+            .server("drain_timeout", "2s")
+            .upstream("metrics_interval", "50ms")
+            .upstream("connect_timeout", "500ms")
+            .upstream("health_path", "/health");
+        setup
+    }
+
+    /// A `[server]` key.
+    pub fn server(mut self, key: &str, value: &str) -> Setup {
+        self.server.insert(key.to_owned(), toml_value(value));
+        self
+    }
+
+    /// A `[queue]` key (every model's default).
+    pub fn queue(mut self, key: &str, value: &str) -> Setup {
+        self.queue.insert(key.to_owned(), toml_value(value));
+        self
+    }
+
+    /// An `[upstream]` key.
+    pub fn upstream(mut self, key: &str, value: &str) -> Setup {
+        self.upstream.insert(key.to_owned(), toml_value(value));
+        self
+    }
+
+    /// A `[[model]]` with these backends and `engine = "openai"` (no metrics scraping).
+    pub fn model(mut self, name: &str, backends: &[String]) -> Setup {
+        let mut keys = BTreeMap::new();
+        keys.insert("engine".to_owned(), toml_value("openai"));
+        self.models.push(Model { name: name.to_owned(), backends: backends.to_vec(), keys });
+        self
+    }
+
+    /// A key of the last model added (`engine`, `routing`, `upstream_model`).
+    pub fn model_key(mut self, key: &str, value: &str) -> Setup {
+        let model = self.models.last_mut().expect("add a model first");
+        model.keys.insert(key.to_owned(), toml_value(value));
+        self
+    }
+
+    /// The TOML text.
+    pub fn toml(&self) -> String {
+        let mut text = String::new();
+        for (section, keys) in
+            [("server", &self.server), ("queue", &self.queue), ("upstream", &self.upstream)]
+        {
+            let _ = writeln!(text, "[{section}]");
+            for (key, value) in keys {
+                let _ = writeln!(text, "{key} = {value}");
+            }
+            text.push('\n');
+        }
+        for model in &self.models {
+            let backends: Vec<String> = model.backends.iter().map(|b| format!("{b:?}")).collect();
+            let _ = writeln!(text, "[[model]]\nname = {:?}", model.name);
+            let _ = writeln!(text, "backends = [{}]", backends.join(", "));
+            for (key, value) in &model.keys {
+                let _ = writeln!(text, "{key} = {value}");
+            }
+            text.push('\n');
+        }
+        text
+    }
+
+    /// The validated configuration (panics with the TOML when it is refused).
+    pub fn config(&self) -> Config {
+        let toml = self.toml();
+        Config::from_toml_str(&toml).unwrap_or_else(|e| panic!("config refused: {e}\n{toml}"))
+    }
+
+    /// Starts a router with this configuration.
+    pub fn start(&self) -> Router {
+        Router::start(self.config())
+    }
+}
+
+/// `value` as a TOML value: numbers, booleans and arrays as they are, anything else quoted.
+fn toml_value(value: &str) -> String {
+    let bare = value.parse::<i64>().is_ok()
+        || value == "true"
+        || value == "false"
+        || value.starts_with('[')
+        || value.starts_with('"');
+    if bare {
+        value.to_owned()
+    } else {
+        format!("{value:?}")
+    }
+}
+
+/// A running router; dropping it shuts it down (without waiting for its threads).
+#[derive(Debug)]
+pub struct Router {
+    running: Option<Running>,
+    /// The main listener.
+    pub addr: SocketAddr,
+    /// The admin listener.
+    pub admin: SocketAddr,
+}
+
+impl Router {
+    /// Starts `config` (panics when it does not start).
+    pub fn start(config: Config) -> Router {
+        let running = server::start(config).expect("the router starts");
+        let (addr, admin) = (running.addr(), running.admin_addr());
+        Router { running: Some(running), addr, admin }
+    }
+
+    /// S13 shutdown, as on SIGTERM.
+    pub fn shutdown(&self) {
+        self.running.as_ref().expect("running").shutdown();
+    }
+
+    /// Waits (at most `timeout`) for every thread to end after a shutdown; `false` on timeout
+    /// (the threads are then left behind).
+    pub fn wait_within(mut self, timeout: Duration) -> bool {
+        let running = self.running.take().expect("running");
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            running.wait();
+            let _ = done.send(());
+        });
+        finished.recv_timeout(timeout).is_ok()
+    }
+
+    /// Shuts down and waits for every thread (panics after [`PATIENCE`]).
+    pub fn stop(self) {
+        self.shutdown();
+        assert!(self.wait_within(PATIENCE), "the router did not stop within {PATIENCE:?}");
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown();
+            std::thread::spawn(move || running.wait());
+        }
+    }
+}

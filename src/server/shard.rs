@@ -1047,8 +1047,9 @@ impl Shard {
             let elapsed = self.rate.duration(now.saturating_sub(req.started));
             self.metrics.models[usize::from(model)].duration.observe(elapsed);
         }
+        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
         let c = self.client(key);
-        let closing = c.closing || !req.keep_alive;
+        let closing = c.closing || !req.keep_alive || shutting;
         if closing {
             return self.close_client(key);
         }
@@ -1248,7 +1249,10 @@ impl Shard {
             let now = self.clock.now();
             let ttfb = self.rate.duration(now.saturating_sub(req.forwarded_at));
             self.metrics.models[model].ttfb.observe(ttfb);
-            let client = ClientInfo { version: req.head.version, keep_alive: req.keep_alive };
+            // During a drain (S13) the connection closes after this response.
+            let shutting = shared.shutting_down.load(Ordering::Acquire);
+            let client =
+                ClientInfo { version: req.head.version, keep_alive: req.keep_alive && !shutting };
             let admission = req.admission.expect("admitted");
             let mut wait = [0u8; 20];
             let wait = format_decimal(

@@ -171,6 +171,13 @@ fn follow_ups_are_admitted_most_recently_completed_session_first() {
         (Some(3), Some(1)),
         "{depth}"
     );
+    for (lane, depth) in [("boosted", 3.0), ("normal", 1.0), ("forced", 0.0)] {
+        let labels = [("model", M), ("lane", lane)];
+        client::wait_metric(router.admin, "warmpath_queue_depth", &labels, |n| n == depth);
+    }
+    let address = backend.address();
+    let labels = [("model", M), ("backend", address.as_str())];
+    client::wait_metric(router.admin, "warmpath_inflight", &labels, |n| n == 1.0);
 
     backend.release(1);
     assert_eq!(occupant.response().status, 200);

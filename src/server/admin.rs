@@ -13,7 +13,9 @@ use std::time::Duration;
 use crate::scheduler::thread::Report;
 use crate::scheduler::Lane;
 
-use super::metrics::{ModelMetrics, UpstreamError, BUCKETS_US, STATUS_SLOTS};
+use super::metrics::{
+    Histogram, ModelMetrics, ShardMetrics, UpstreamError, BUCKETS_US, STATUS_SLOTS,
+};
 use super::Shared;
 
 /// Longest admin request head read.
@@ -162,7 +164,8 @@ pub fn render_metrics(shared: &Shared) -> String {
             let _ = writeln!(out, "warmpath_router_responses_total{{status=\"{status}\"}} {n}");
         }
     }
-    let histograms: [(&str, &str, fn(&ModelMetrics) -> &super::metrics::Histogram); 2] = [
+    type PickHistogram = fn(&ModelMetrics) -> &Histogram;
+    let histograms: [(&str, &str, PickHistogram); 2] = [
         ("warmpath_request_duration_seconds", "Arrival to last byte.", |m| &m.duration),
         ("warmpath_upstream_ttfb_seconds", "Forwarded to first response byte.", |m| &m.ttfb),
     ];
@@ -342,12 +345,8 @@ pub fn render_metrics(shared: &Shared) -> String {
         let _ =
             writeln!(out, "warmpath_pool_reconnects_total{{model=\"{}\"}} {n}", label(&model.name));
     }
-    let shard_gauges: [(
-        &str,
-        &str,
-        &str,
-        fn(&super::metrics::ShardMetrics) -> &std::sync::atomic::AtomicU64,
-    ); 5] = [
+    type PickShard = fn(&ShardMetrics) -> &std::sync::atomic::AtomicU64;
+    let shard_gauges: [(&str, &str, &str, PickShard); 5] = [
         ("warmpath_connections_accepted_total", "counter", "Client connections accepted.", |s| {
             &s.accepted
         }),

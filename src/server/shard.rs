@@ -1344,7 +1344,7 @@ impl Shard {
             let reusable = u.keep_alive && u.rlen == 0 && !u.eof;
             u.client = usize::MAX;
             if reusable {
-                self.to_pool(up);
+                self.return_to_pool(up);
             } else {
                 self.close_upstream(up);
             }
@@ -1420,7 +1420,7 @@ impl Shard {
         self.forward(key);
     }
 
-    fn to_pool(&mut self, up: usize) {
+    fn return_to_pool(&mut self, up: usize) {
         let max_idle = self.shared.config.upstream.max_idle_per_backend as usize;
         let u = self.upstream(up);
         let (model, backend) = (usize::from(u.model), usize::from(u.backend));

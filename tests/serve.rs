@@ -284,7 +284,6 @@ fn shutdown_answers_queued_requests_503_and_drains_the_inflight_one() {
 /// closed (`Connection: close`) and the router stops at once, even though the client would
 /// keep the connection open: `drain_timeout` bounds the drain, it is not a wait.
 #[test]
-#[ignore = "server bug: after a drained response the keep-alive connection stays open"]
 fn a_drain_ends_when_the_last_inflight_response_is_relayed() {
     let backend = Backend::start();
     backend.hold();

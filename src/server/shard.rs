@@ -835,8 +835,9 @@ impl Shard {
         };
         let u = self.upstream(up);
         u.client = key;
-        u.wbuf.clear();
-        u.wbuf.extend_from_slice(&out);
+        // The request bytes move into the connection; its old buffer becomes the scratch.
+        std::mem::swap(&mut u.wbuf, &mut out);
+        out.clear();
         u.wpos = 0;
         u.rlen = 0;
         u.eof = false;

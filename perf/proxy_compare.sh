@@ -12,16 +12,23 @@
 #   latency  the small request with LAT_CONNS connection(s) (default 1), i.e. one request in
 #            flight: the latency a hop adds when nothing queues (see "Latency method" below)
 # Per run: requests/s, p50 and p99 latency (wrk), responses with status >= 400 and socket
-# errors (a proxy that answers errors fast is not faster), and the proxy's CPU per request:
-# utime+stime from /proc/PID/stat (all threads; nginx: master and workers) over the run,
-# divided by the requests wrk completed. The report gives the median and the min-max spread
-# over the rounds, and warmpath's ratios to nginx against the targets of the issue.
+# errors (wrk counts a response later than 2 s among them; a request never answered shows only
+# as lost throughput, and a run with no response at all is counted as such), and the proxy's
+# CPU per request: utime+stime from /proc/PID/stat (all threads; nginx: master and worker) over
+# the run, divided by the requests wrk completed. A proxy that answers errors fast, or not at
+# all, is not faster: before the runs, one request per scenario must come back 200 with exactly
+# the backend's body, or the target is left out of that scenario. The report gives the median
+# and the min-max spread over the rounds, and warmpath's ratios to nginx against the targets.
 #
 # How to read it. CPU per request is the primary number: it does not depend on who else is
 # busy. With PIN=1 (default) the proxy runs alone on core 0 and wrk + backend share core 1,
 # so requests/s is capped by core 1 unless the proxy's core is saturated: the "proxy busy"
-# column says which. /proc counts CPU in clock ticks (10 ms); the report prints the smallest
-# tick count behind any CPU figure, so its resolution is visible.
+# column says which. "Other load on core 0" is core 0's busy time (/proc/stat, steal included)
+# minus the proxy's: someone else's work on the proxy's core during the run, i.e. the noise.
+# utime+stime is the scheduler's exact runtime in 10 ms units (the kernel scales its tick
+# samples to it); the report prints the smallest tick count behind any CPU figure, so its
+# resolution is visible. Loopback TCP work the kernel does in a process's context is charged to
+# that process, alike for every proxy.
 #
 # Latency method. wrk2 (fixed-rate, coordinated-omission-corrected) is not packaged for Debian,
 # and wrk's delay() hook is not a pacer: its timers fire on 1 ms ticks, so connections
@@ -259,32 +266,44 @@ proc_ticks() { # PID...: utime+stime (clock ticks) of the processes and their ch
   echo "$total"
 }
 
+core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /proc/stat
+  awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+
 RESULTS=$TMP/results.tsv
-run_wrk() { # SCENARIO TARGET SECONDS: prints the RESULT line and the proxy's ticks over the run
-  local scenario=$1 target=$2 seconds=$3 t0 t1 out
+run_wrk() { # SCENARIO TARGET SECONDS: prints wrk's RESULT line, the proxy's ticks over the run
+  # and core 0's busy ticks (proxy included: the rest is someone else's load on the proxy core)
+  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 out
+  c0=$(core_busy)
   # shellcheck disable=SC2086 # CPU_PIDS holds one pid
   t0=$(proc_ticks ${CPU_PIDS[$target]})
   out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
-    -d"${seconds}s" --timeout 5s -s "$HERE/post.lua" \
-    "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")")
+    -d"${seconds}s" --timeout 2s -s "$HERE/post.lua" \
+    "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")" 2>&1) ||
+    die "wrk against $target ($scenario) failed: $out"
   t1=$(proc_ticks ${CPU_PIDS[$target]})
+  c1=$(core_busy)
   grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
-  printf '%s ticks=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0))
+  printf '%s ticks=%d core0=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) $((c1 - c0))
 }
 
-# One line per run: scenario target round requests duration_us p50 p99 status_err socket_err ticks
-printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\n' >"$RESULTS"
+# One line per run: scenario target round requests duration_us p50 p99 status_err socket_err
+# ticks core0
+printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\tcore0\n' >"$RESULTS"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for scenario in $SCENARIOS; do
   targets=()
   for target in "${active[@]}"; do [[ -z ${EXCLUDED[$scenario.$target]:-} ]] && targets+=("$target"); done
   log "$scenario: warm-up ${WARMUP}s each: ${targets[*]}"
-  for target in "${targets[@]}"; do run_wrk "$scenario" "$target" "$WARMUP" >/dev/null; done
+  if ((WARMUP > 0)); then
+    for target in "${targets[@]}"; do run_wrk "$scenario" "$target" "$WARMUP" >/dev/null; done
+  fi
   for round in $(seq 1 "$ROUNDS"); do
     for target in "${targets[@]}"; do
       line=$(run_wrk "$scenario" "$target" "$DURATION")
       log "$scenario round $round $target: $line"
-      # RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. status_errors=.. socket_errors=.. ticks=..
+      # RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. status_errors=.. socket_errors=..
+      # ticks=.. core0=..
       printf '%s\t%s\t%s\t%s\n' "$scenario" "$target" "$round" \
         "$(sed -e 's/^RESULT //' -e 's/[a-z_0-9]*=//g' -e 's/ /\t/g' <<<"$line")" >>"$RESULTS"
     done
@@ -294,18 +313,25 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- Report --------------------------------------------------------------------------------------------
 
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+[[ -z $(git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]] ||
+  commit="$commit (with uncommitted changes in src/ or Cargo.*)"
 cat <<EOF
-## proxy_compare: $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')
+## proxy_compare: $(date -u +%Y-%m-%d) at $commit
 
 Machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $LOAD_START at the start, $LOAD_END at the end.
 Tools: $(nginx -v 2>&1 | sed 's/.*: //'), HAProxy $(haproxy -v | awk 'NR==1{print $3}'), $(wrk --version 2>&1 | awk 'NR==1{print $1, $2}'). Cores: $LAYOUT.
 Runs: $ROUNDS rounds x ${DURATION}s per target and scenario, interleaved (${active[*]}), after ${WARMUP}s of warm-up each; wrk -t1, $CONNS connections ($LAT_CONNS in the latency scenario).
-Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, and its share of one core ("busy"); the direct row gives the backend's own.
+Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, and its share of one core ("busy"); the direct row gives the backend's own. Other load on core 0: core 0's busy time minus the proxy's.
 EOF
+if [[ -n ${CPU_PIDS[warmpath]:-} ]]; then
+  echo "warmpath: $WARMPATH built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH" | cut -c1-12)."
+fi
 for key in "${!EXCLUDED[@]}"; do echo "Excluded ${key#*.} from ${key%%.*}: ${EXCLUDED[$key]}."; done
 echo
 
-awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK" -v lat_conns="$LAT_CONNS" '
+awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK" -v lat_conns="$LAT_CONNS" \
+  -v pinned=$((${#PIN_PROXY[@]} > 0)) '
   function sort(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } }
   function median(a, n) { return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
   function grp(n,   s, out) { s = sprintf("%.0f", n); out = ""
@@ -313,44 +339,50 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     return s out }
   function fmt(v, d) { return d == "k" ? grp(v) : sprintf("%." d "f", v) }
   # cell(KEY, METRIC, DIGITS): "median [min-max]" over the rounds; stores the median in MED
+  function add(key, m, v) { val[key, m, ++num[key, m]] = v }
   function cell(key, m, d,   a, n, i) {
-    n = cnt[key]; if (!n) return "-"
+    n = num[key, m]; if (!n) return "-"
     for (i = 1; i <= n; i++) a[i] = val[key, m, i]
     sort(a, n); med[key, m] = median(a, n)
     return n == 1 ? fmt(a[1], d) : fmt(med[key, m], d) " [" fmt(a[1], d) "-" fmt(a[n], d) "]"
   }
   NR > 1 {
-    key = $1 SUBSEP $2; i = ++cnt[key]
+    key = $1 SUBSEP $2; cnt[key]++
     secs = $5 / 1e6; cpu = $10 / tck
-    val[key, "rps", i] = $4 / secs; val[key, "p50", i] = $6; val[key, "p99", i] = $7
-    val[key, "cpu", i] = cpu * 1e6 / $4; val[key, "busy", i] = 100 * cpu / secs
+    add(key, "rps", $4 / secs); add(key, "busy", 100 * cpu / secs)
+    add(key, "other", 100 * ($11 - ($2 == "direct" ? 0 : $10)) / tck / secs)
+    # A run that completed no request has no latency and no CPU per request: it is counted
+    # as stalled and left out of those medians.
+    if ($4 > 0) { add(key, "p50", $6); add(key, "p99", $7); add(key, "cpu", cpu * 1e6 / $4) }
+    else stalled[key]++
     errs[key] += $8; sock[key] += $9
-    if ($2 != "direct" && (min_ticks == "" || $10 < min_ticks)) min_ticks = $10
+    if ($2 != "direct" && $4 > 0 && (min_ticks == "" || $10 < min_ticks)) min_ticks = $10
   }
   END {
     ns = split(scenarios, sc, " "); nt = split(targets, tg, " ")
     for (s = 1; s <= ns; s++) {
       S = sc[s]
       printf "### %s\n\n", S
-      print "| target | req/s | p50 us | p99 us | CPU us/req | proxy busy % | status>=400 / socket errors |"
-      print "|---|---|---|---|---|---|---|"
+      print "| target | req/s | p50 us | p99 us | CPU us/req | proxy busy % | other load on core 0 % | status>=400 / socket errors | runs with no response |"
+      print "|---|---|---|---|---|---|---|---|---|"
       for (t = 1; t <= nt; t++) {
         T = tg[t]; key = S SUBSEP T
         if (!cnt[key]) continue
-        printf "| %s | %s | %s | %s | %s%s | %s%s | %d / %d |\n", T == "direct" ? "direct (baseline)" : T,
+        printf "| %s | %s | %s | %s | %s%s | %s%s | %s | %d / %d | %d of %d |\n", T == "direct" ? "direct (baseline)" : T,
           cell(key, "rps", "k"), cell(key, "p50", 0), cell(key, "p99", 0),
           T == "direct" ? "backend " : "", cell(key, "cpu", 1),
-          T == "direct" ? "backend " : "", cell(key, "busy", 0), errs[key], sock[key]
+          T == "direct" ? "backend " : "", cell(key, "busy", 0),
+          pinned ? cell(key, "other", 0) : "-", errs[key], sock[key], stalled[key], cnt[key]
       }
       print ""
       d = S SUBSEP "direct"; w = S SUBSEP "warmpath"; x = S SUBSEP "nginx"
-      if (cnt[w] && cnt[x])
+      if (num[w, "cpu"] && num[x, "cpu"])
         printf "warmpath / nginx: CPU per request %.2f (target <= 0.7), req/s %.2f (target >= 1.2).\n",
           med[w, "cpu"] / med[x, "cpu"], med[w, "rps"] / med[x, "rps"]
-      if (cnt[d]) {
+      if (num[d, "p50"]) {
         line = ""
         for (t = 1; t <= nt; t++) { T = tg[t]; k = S SUBSEP T
-          if (T != "direct" && cnt[k]) line = line sprintf("%s%s %+.0f us", line == "" ? "" : ", ", T, med[k, "p50"] - med[d, "p50"]) }
+          if (T != "direct" && num[k, "p50"]) line = line sprintf("%s%s %+.0f us", line == "" ? "" : ", ", T, med[k, "p50"] - med[d, "p50"]) }
         if (line != "") printf "p50 over direct: %s%s.\n", line, S == "latency" ? " (target for warmpath: <= 30 us)" : ""
       }
       if (S == "latency") {

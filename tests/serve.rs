@@ -367,6 +367,43 @@ fn a_reset_before_any_response_byte_is_retried_on_another_backend() {
     client::wait_idle(router.admin, M);
 }
 
+/// SPEC 2.8: every attempt resets before a response byte; after `max_retries` retries the
+/// client gets 502 `upstream_error`, and no attempt is made beyond them.
+#[test]
+fn retries_exhausted_is_a_502_after_max_retries() {
+    let (first, second) = (Backend::start(), Backend::start());
+    first.set_default(Reply::Reset);
+    second.set_default(Reply::Reset);
+    let router = setup(&[&first, &second]).upstream("max_retries", "2").start();
+    let response = client::exchange(router.addr, &chat_request(M, None, false));
+    response.assert_error(502, "upstream_error");
+    assert_eq!(first.resets() + second.resets(), 3, "one attempt and two retries");
+    let reason = [("model", M), ("reason", "retries_exhausted")];
+    client::wait_metric(router.admin, "warmpath_queue_rejected_total", &reason, |n| n == 1.0);
+    client::wait_metric(router.admin, "warmpath_retries_total", &[("model", M)], |n| n == 2.0);
+    client::wait_idle(router.admin, M);
+    assert_eq!(first.request_count() + second.request_count(), 0, "nothing was answered");
+}
+
+/// A backend that takes the request but sends no response head within
+/// `upstream.header_timeout`: 502, not retried (the request may be running), slot released.
+#[test]
+fn no_response_head_within_the_upstream_header_timeout_is_a_502() {
+    let (slow, other) = (Backend::start(), Backend::start());
+    slow.hold();
+    other.hold();
+    let router = setup(&[&slow, &other]).upstream("header_timeout", "200ms").start();
+    let start = now();
+    let response = client::exchange(router.addr, &chat_request(M, None, false));
+    response.assert_error(502, "upstream_error");
+    assert!(since(start) >= Duration::from_millis(200), "not before the timeout");
+    assert_eq!(slow.holding() + other.holding(), 1, "sent once, not retried");
+    let labels = [("model", M), ("kind", "timeout")];
+    client::wait_metric(router.admin, "warmpath_upstream_errors_total", &labels, |n| n == 1.0);
+    client::wait_metric(router.admin, "warmpath_retries_total", &[("model", M)], |n| n == 0.0);
+    client::wait_idle(router.admin, M);
+}
+
 /// S6.2: a vLLM backend whose `num_requests_waiting` is positive gets nothing, through several
 /// fresh snapshots, until a snapshot says 0.
 #[test]

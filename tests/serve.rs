@@ -769,6 +769,27 @@ fn bodies_are_forwarded_byte_for_byte_and_chunked_ones_with_a_length() {
     assert_eq!(received[1].target, "/v1/completions");
 }
 
+/// Bodies far larger than a head and than one read: the head-phase read stops at
+/// `max_header_bytes`, and the rest of the body must still be read without a new epoll edge
+/// (a regression: bodies over 16 KB stalled), in one write and as a pipelined pair.
+#[test]
+fn large_bodies_are_read_whole_and_forwarded_intact() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let content = "0123456789abcdef".repeat(200_000 / 16);
+    let body = format!(r#"{{"model":"{M}","messages":[{{"role":"user","content":"{content}"}}]}}"#);
+    let one = post(body.as_bytes());
+    assert_eq!(client::exchange(router.addr, &one).status, 200);
+    let mut conn = Conn::open(router.addr);
+    conn.send(&[one.clone(), one].concat());
+    assert_eq!(conn.response().status, 200);
+    assert_eq!(conn.response().status, 200);
+    let received = backend.wait_for_requests(3, PATIENCE);
+    for request in &received {
+        assert_eq!(request.body, body.as_bytes(), "the body, whole and unchanged");
+    }
+}
+
 #[test]
 fn forwarding_headers_are_added_and_hop_by_hop_ones_removed() {
     let backend = Backend::start();

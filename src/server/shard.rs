@@ -485,34 +485,46 @@ impl Shard {
 
     /// Reads what the client sent, then moves its request along.
     fn read_client(&mut self, key: usize) {
-        let limit = self.read_limit(key);
-        let c = self.client(key);
-        let mut got = false;
-        while !c.gone && c.rlen < limit {
-            if c.rbuf.len() == c.rlen {
-                let grow = c.rbuf.len().clamp(4096, READ_CHUNK);
-                c.rbuf.resize(c.rbuf.len() + grow, 0);
-            }
-            let end = c.rbuf.len().min(limit.max(c.rlen + 1));
-            let want = end - c.rlen;
-            match c.stream.read(&mut c.rbuf[c.rlen..end]) {
-                Ok(0) => c.gone = true,
-                Ok(n) => {
-                    c.rlen += n;
-                    got = true;
-                    if n < want && !c.hup {
-                        // A short read drained the socket: the next byte brings a new edge,
-                        // so the read that would only say EAGAIN is skipped.
+        loop {
+            let limit = self.read_limit(key);
+            let c = self.client(key);
+            // Whether the socket is known to be empty; if the read stopped at the limit
+            // instead, bytes may wait that no new edge will announce.
+            let mut drained = false;
+            while !c.gone && c.rlen < limit {
+                if c.rbuf.len() == c.rlen {
+                    let grow = c.rbuf.len().clamp(4096, READ_CHUNK);
+                    c.rbuf.resize(c.rbuf.len() + grow, 0);
+                }
+                let end = c.rbuf.len().min(limit);
+                let want = end - c.rlen;
+                match c.stream.read(&mut c.rbuf[c.rlen..end]) {
+                    Ok(0) => c.gone = true,
+                    Ok(n) => {
+                        c.rlen += n;
+                        if n < want && !c.hup {
+                            // A short read drained the socket: the next byte brings a new
+                            // edge, so the read that would only say EAGAIN is skipped.
+                            drained = true;
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        drained = true;
                         break;
                     }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => c.gone = true,
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => c.gone = true,
+            }
+            let (gone, filled) = (c.gone, c.rlen);
+            self.advance(key);
+            // Read on only when the read stopped at a limit that the new phase raised (a
+            // parsed head lets its body in; a dispatched request, the next head).
+            if drained || gone || !self.conns.contains(key) || self.read_limit(key) <= filled {
+                return;
             }
         }
-        let _ = got;
-        self.advance(key);
     }
 
     /// How many bytes the client's buffer may hold now: a request being read may fill its

@@ -12,7 +12,7 @@ use warmpath::control::probe::{self, ProbeError, ProbeLimits};
 use warmpath::control::scrape::{EngineKind, ScrapeLimits};
 use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
 use warmpath::ring::Ring;
-use warmpath::scheduler::thread::{Inbox, ThreadWaker};
+use warmpath::scheduler::thread::{Inbox, InboxWaker};
 use warmpath::scheduler::Input;
 
 const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\
@@ -66,7 +66,7 @@ fn settings() -> ControlSettings {
 }
 
 fn target(addr: String) -> Target {
-    let inbox: Arc<Inbox> = Arc::new(Ring::new(16, ThreadWaker::default()));
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(16, InboxWaker::default()));
     Target { inbox, backend: 3, addr, engine: Some(EngineKind::Vllm) }
 }
 
@@ -150,7 +150,9 @@ fn the_thread_delivers_snapshots_into_the_inbox() {
     let addr = backend(1000, |path| if path == "/health" { ok("") } else { ok(METRICS) });
     let target = target(addr);
     let inbox = Arc::clone(&target.inbox);
-    inbox.waker().register();
+    if let InboxWaker::Thread(waker) = inbox.waker() {
+        waker.register();
+    }
     let thread = ControlThread::spawn(vec![target], settings(), Clock::real()).expect("spawn");
     let clock = Clock::real();
     let start = clock.now();

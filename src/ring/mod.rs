@@ -31,6 +31,12 @@ impl Wake for std::thread::Thread {
     }
 }
 
+impl<W: Wake + ?Sized> Wake for std::sync::Arc<W> {
+    fn wake(&self) {
+        (**self).wake();
+    }
+}
+
 impl Wake for mio::Waker {
     /// Writes the event loop's eventfd. It fails only when the counter would overflow, which
     /// means the loop has wakes pending already, so the error is nothing to act on.

@@ -1,17 +1,22 @@
-//! The thread around a model's sans-IO [`Scheduler`]: it drains the model's inbound ring (from
+//! What runs a model's sans-IO [`Scheduler`]: a [`Host`] drains the model's inbound ring (from
 //! the shards and the control thread), feeds each input to the scheduler with the current
 //! tick, sends every admission and rejection to the ring of the shard that owns the request
-//! (the shard index is in the [`RequestId`]), and sleeps until the next message or the next
-//! timer the scheduler reports, whichever comes first. So a queue deadline or the end of a grace
-//! window is acted on when it falls due, with no traffic to trigger it (SPEC section 9, defect 1).
+//! (the shard index is in the [`RequestId`]), and publishes a [`Report`] for the admin
+//! endpoints. Whoever drives the host also sleeps until the next message or the next timer the
+//! scheduler reports, so a queue deadline or the end of a grace window is acted on when it
+//! falls due, with no traffic to trigger it (SPEC section 9, defect 1).
+//!
+//! Two drivers: `warmpath serve` runs each host inside a shard's event loop (the shard's own
+//! requests then reach their scheduler without crossing threads; see `server::shard`), and
+//! [`SchedulerThread`] runs one on a dedicated thread (used by tests and embedders).
 //!
 //! Nothing is lost to a full shard ring: decisions that do not fit wait in a per-shard backlog,
-//! in order, and the thread retries them every [`BACKLOG_RETRY`] until they fit. A full inbound
+//! in order, and the driver retries them every [`BACKLOG_RETRY`] until they fit. A full inbound
 //! ring is the producers' concern: `Ring::push` hands the message back and the shard answers
 //! the client itself (503) or retries.
 //!
-//! The thread is the only writer of its scheduler's state (an architecture invariant): the
-//! scheduler moves into the thread at spawn and comes back out of [`SchedulerThread::stop`].
+//! The host is the only writer of its scheduler's state (an architecture invariant): the
+//! scheduler moves into it and comes back out of [`Host::into_scheduler`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,8 +54,32 @@ impl Wake for ThreadWaker {
     }
 }
 
+/// Wakes whatever drives a model's [`Host`]: a dedicated thread, or a shard's event loop.
+#[derive(Debug)]
+pub enum InboxWaker {
+    /// A [`SchedulerThread`].
+    Thread(ThreadWaker),
+    /// A shard's mio `Poll` (one `Waker` per `Poll`, shared with the shard's own ring).
+    Loop(Arc<mio::Waker>),
+}
+
+impl Default for InboxWaker {
+    fn default() -> Self {
+        InboxWaker::Thread(ThreadWaker::default())
+    }
+}
+
+impl Wake for InboxWaker {
+    fn wake(&self) {
+        match self {
+            InboxWaker::Thread(thread) => thread.wake(),
+            InboxWaker::Loop(waker) => waker.wake(),
+        }
+    }
+}
+
 /// A model's inbound ring: shards and the control thread push [`Input`]s into it.
-pub type Inbox = Ring<Input, ThreadWaker>;
+pub type Inbox = Ring<Input, InboxWaker>;
 
 /// A scheduler's counters and gauges as of the end of its thread's last pass that changed
 /// anything: what the admin endpoints read. The thread copies them in place (no allocation)
@@ -114,43 +143,37 @@ impl Report {
     }
 }
 
-/// A running scheduler thread.
+/// A model's scheduler with its inbox, its outbound rings and its published report: one pass
+/// of the loop that drives it, whoever the driver is.
 #[derive(Debug)]
-pub struct SchedulerThread {
+pub struct Host<W> {
+    scheduler: Scheduler,
     inbox: Arc<Inbox>,
     report: Arc<Mutex<Report>>,
-    stop: Arc<AtomicBool>,
-    join: JoinHandle<Scheduler>,
+    shards: Vec<Arc<Ring<Output, W>>>,
+    /// Decisions that did not fit their shard's ring, oldest first.
+    backlog: Vec<VecDeque<Output>>,
+    out: Vec<Output>,
+    /// Which shards received decisions in this pass (reused).
+    sent: Vec<bool>,
+    /// A timer fired since the report was published.
+    ticked: bool,
 }
 
-impl SchedulerThread {
-    /// Starts a thread named `name` running `scheduler`, with an inbox of `inbox_capacity`
-    /// inputs; decisions go to `shards[request.shard()]`.
-    pub fn spawn<W: Wake + 'static>(
-        name: String,
-        scheduler: Scheduler,
-        inbox_capacity: usize,
-        shards: Vec<Arc<Ring<Output, W>>>,
-        clock: Clock,
-    ) -> std::io::Result<SchedulerThread> {
-        let inbox = Arc::new(Ring::new(inbox_capacity, ThreadWaker::default()));
-        let stop = Arc::new(AtomicBool::new(false));
+impl<W: Wake> Host<W> {
+    /// Hosts `scheduler`, reading `inbox`; decisions go to `shards[request.shard()]`.
+    pub fn new(scheduler: Scheduler, inbox: Arc<Inbox>, shards: Vec<Arc<Ring<Output, W>>>) -> Self {
         let report = Arc::new(Mutex::new(Report::of(&scheduler)));
-        let shard_count = shards.len();
-        let worker = Worker {
-            report: Arc::clone(&report),
+        Host {
             scheduler,
-            inbox: Arc::clone(&inbox),
+            inbox,
+            report,
             backlog: shards.iter().map(|_| VecDeque::new()).collect(),
+            sent: vec![false; shards.len()],
             shards,
             out: Vec::with_capacity(BATCH * 2),
-            sent: vec![false; shard_count],
             ticked: false,
-            stop: Arc::clone(&stop),
-            clock,
-        };
-        let join = std::thread::Builder::new().name(name).spawn(move || worker.run())?;
-        Ok(SchedulerThread { inbox, report, stop, join })
+        }
     }
 
     /// The ring to push inputs into.
@@ -158,60 +181,26 @@ impl SchedulerThread {
         &self.inbox
     }
 
-    /// The scheduler's counters and gauges, as of the thread's last pass.
+    /// The scheduler's counters and gauges, as of the last published pass.
     pub fn report(&self) -> &Arc<Mutex<Report>> {
         &self.report
     }
 
-    /// Stops the thread once its inbox is drained and every decision delivered; returns the
-    /// scheduler. Send [`Input::Shutdown`] first for SPEC S13's behaviour.
-    pub fn stop(self) -> Scheduler {
-        self.stop.store(true, Ordering::Release);
-        self.inbox.wake();
-        self.join.join().expect("scheduler thread panicked")
-    }
-}
-
-struct Worker<W> {
-    scheduler: Scheduler,
-    report: Arc<Mutex<Report>>,
-    inbox: Arc<Inbox>,
-    shards: Vec<Arc<Ring<Output, W>>>,
-    /// Decisions that did not fit their shard's ring, oldest first.
-    backlog: Vec<VecDeque<Output>>,
-    out: Vec<Output>,
-    /// Which shards received decisions in this pass (reused).
-    sent: Vec<bool>,
-    /// A timer fired in this pass (the report is stale).
-    ticked: bool,
-    stop: Arc<AtomicBool>,
-    clock: Clock,
-}
-
-impl<W: Wake> Worker<W> {
-    fn run(mut self) -> Scheduler {
-        self.inbox.waker().register();
-        loop {
-            let handled = self.pass();
-            self.deliver();
-            if handled > 0 || self.ticked {
-                self.ticked = false;
-                let mut report = self.report.lock().unwrap_or_else(|e| e.into_inner());
-                report.fill(&self.scheduler);
-            }
-            let backlogged = self.backlog.iter().any(|queue| !queue.is_empty());
-            if self.stop.load(Ordering::Acquire) && self.inbox.is_empty() && !backlogged {
-                return self.scheduler;
-            }
-            if handled < BATCH {
-                self.sleep(backlogged);
-            }
-        }
+    /// When the scheduler next needs a tick.
+    pub fn next_wakeup(&self) -> Option<Tick> {
+        self.scheduler.next_wakeup()
     }
 
-    /// Handles up to [`BATCH`] inputs, or a tick when a timer is due and no input came.
-    fn pass(&mut self) -> usize {
-        let now = self.clock.now();
+    /// Whether decisions wait for a full shard ring.
+    pub fn backlogged(&self) -> bool {
+        self.backlog.iter().any(|queue| !queue.is_empty())
+    }
+
+    /// Handles up to [`BATCH`] inputs (or a tick when a timer is due and no input came),
+    /// delivers the decisions and publishes the report if anything changed. Decisions for shard
+    /// `local`, when given, are appended to `local_out` instead of its ring: the caller is that
+    /// shard. Returns the inputs handled.
+    pub fn pass(&mut self, now: Tick, local: Option<(u16, &mut VecDeque<Output>)>) -> usize {
         let mut handled = 0;
         while handled < BATCH {
             let Some(input) = self.inbox.pop() else { break };
@@ -221,6 +210,25 @@ impl<W: Wake> Worker<W> {
         if handled == 0 && self.scheduler.next_wakeup().is_some_and(|at| at <= now) {
             self.scheduler.handle(now, Input::Tick, &mut self.out);
             self.ticked = true;
+        }
+        if let Some((shard, local_out)) = local {
+            let shard = usize::from(shard);
+            let backlog_empty = self.backlog[shard].is_empty();
+            // The local shard's decisions skip its ring (there is no backlog for it to respect).
+            debug_assert!(backlog_empty, "the local shard has no ring backlog");
+            self.out.retain(|output| {
+                let mine = usize::from(output_id(output).shard()) == shard;
+                if mine {
+                    local_out.push_back(*output);
+                }
+                !mine
+            });
+        }
+        self.deliver();
+        if handled > 0 || self.ticked {
+            self.ticked = false;
+            let mut report = self.report.lock().unwrap_or_else(|e| e.into_inner());
+            report.fill(&self.scheduler);
         }
         handled
     }
@@ -259,26 +267,101 @@ impl<W: Wake> Worker<W> {
         }
     }
 
+    /// The scheduler, back from its host.
+    pub fn into_scheduler(self) -> Scheduler {
+        self.scheduler
+    }
+}
+
+/// A running scheduler thread: a [`Host`] on a dedicated thread.
+#[derive(Debug)]
+pub struct SchedulerThread {
+    inbox: Arc<Inbox>,
+    report: Arc<Mutex<Report>>,
+    stop: Arc<AtomicBool>,
+    join: JoinHandle<Scheduler>,
+}
+
+impl SchedulerThread {
+    /// Starts a thread named `name` running `scheduler`, with an inbox of `inbox_capacity`
+    /// inputs; decisions go to `shards[request.shard()]`.
+    pub fn spawn<W: Wake + 'static>(
+        name: String,
+        scheduler: Scheduler,
+        inbox_capacity: usize,
+        shards: Vec<Arc<Ring<Output, W>>>,
+        clock: Clock,
+    ) -> std::io::Result<SchedulerThread> {
+        let inbox = Arc::new(Ring::new(inbox_capacity, InboxWaker::default()));
+        let host = Host::new(scheduler, Arc::clone(&inbox), shards);
+        let report = Arc::clone(host.report());
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker { host, stop: Arc::clone(&stop), clock };
+        let join = std::thread::Builder::new().name(name).spawn(move || worker.run())?;
+        Ok(SchedulerThread { inbox, report, stop, join })
+    }
+
+    /// The ring to push inputs into.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+
+    /// The scheduler's counters and gauges, as of the thread's last pass.
+    pub fn report(&self) -> &Arc<Mutex<Report>> {
+        &self.report
+    }
+
+    /// Stops the thread once its inbox is drained and every decision delivered; returns the
+    /// scheduler. Send [`Input::Shutdown`] first for SPEC S13's behaviour.
+    pub fn stop(self) -> Scheduler {
+        self.stop.store(true, Ordering::Release);
+        self.inbox.wake();
+        self.join.join().expect("scheduler thread panicked")
+    }
+}
+
+struct Worker<W> {
+    host: Host<W>,
+    stop: Arc<AtomicBool>,
+    clock: Clock,
+}
+
+impl<W: Wake> Worker<W> {
+    fn run(mut self) -> Scheduler {
+        if let InboxWaker::Thread(waker) = self.host.inbox.waker() {
+            waker.register();
+        }
+        loop {
+            let handled = self.host.pass(self.clock.now(), None);
+            let backlogged = self.host.backlogged();
+            if self.stop.load(Ordering::Acquire) && self.host.inbox.is_empty() && !backlogged {
+                return self.host.into_scheduler();
+            }
+            if handled < BATCH {
+                self.sleep(backlogged);
+            }
+        }
+    }
+
     /// Blocks until a message, the next timer, or (with a backlog) the next retry.
     fn sleep(&mut self, backlogged: bool) {
         let now = self.clock.now();
-        let until_timer = self
-            .scheduler
-            .next_wakeup()
-            .map(|at| self.clock.rate().duration(at.saturating_sub(now)));
+        let until_timer =
+            self.host.next_wakeup().map(|at| self.clock.rate().duration(at.saturating_sub(now)));
         let timeout = match (backlogged, until_timer) {
             (true, Some(timer)) => Some(timer.min(BACKLOG_RETRY)),
             (true, None) => Some(BACKLOG_RETRY),
             (false, timer) => timer,
         };
-        if self.inbox.prepare_sleep() && !self.stop.load(Ordering::Acquire) {
+        let inbox = &self.host.inbox;
+        if inbox.prepare_sleep() && !self.stop.load(Ordering::Acquire) {
             match timeout {
                 Some(timeout) if timeout.is_zero() => {}
                 Some(timeout) => std::thread::park_timeout(timeout),
                 None => std::thread::park(),
             }
         }
-        self.inbox.woke();
+        inbox.woke();
     }
 }
 

@@ -5,14 +5,17 @@
 //!   event loop pinned to its core with its own `SO_REUSEPORT` listener, its own connection
 //!   slab, its own upstream keep-alive pools and its own timer wheel. A shard owns a client
 //!   connection from accept to close and every upstream connection it opens.
-//! - **one scheduler thread per model** ([`SchedulerThread`]) running the sans-IO core.
+//! - **no scheduler threads**: each model's sans-IO scheduler runs in a [`Host`] inside one
+//!   shard's event loop (model `i` on shard `i % shards`), so that shard's requests reach it
+//!   without crossing threads, and the others through the model's inbox ring.
 //! - **the control thread** ([`ControlThread`]): health checks and metric scrapes, sent to the
 //!   schedulers as snapshots.
 //! - **the admin thread** ([`admin`]): `/metrics`, `/debug/queue`, `/debug/backends`.
 //!
-//! Rings: every shard pushes [`Input`]s into each model's inbox (`Ring<Input, ThreadWaker>`,
-//! bounded MPSC); every scheduler pushes [`Output`]s into the ring of the shard that owns the
-//! request (`Ring<Output, mio::Waker>`), waking its event loop only when it sleeps.
+//! Rings: every shard pushes [`Input`]s into each model's inbox (`Ring<Input, InboxWaker>`,
+//! bounded MPSC, waking the hosting shard's event loop); every scheduler pushes [`Output`]s into
+//! the ring of the shard that owns the request (`Ring<Output, Arc<mio::Waker>>`), waking its
+//! event loop only when it sleeps. Decisions for the hosting shard itself skip the ring.
 
 pub mod admin;
 pub mod metrics;
@@ -20,7 +23,7 @@ pub mod shard;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -33,13 +36,16 @@ use crate::control::scrape::EngineKind;
 use crate::control::thread::{ControlSettings, ControlThread, Target};
 use crate::protocol::Limits;
 use crate::ring::Ring;
-use crate::scheduler::thread::{Inbox, Report, SchedulerThread};
+use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
 use crate::scheduler::{Input, Output, Params, Scheduler};
 
 use metrics::ShardMetrics;
 
 /// A shard's inbound ring: admissions and rejections from the schedulers.
-pub type ShardRing = Ring<Output, mio::Waker>;
+pub type ShardRing = Ring<Output, Arc<mio::Waker>>;
+
+/// A model's scheduler as a shard hosts it.
+pub type ShardHost = Host<Arc<mio::Waker>>;
 
 /// Capacity of each shard's inbound ring and of each model's inbox.
 const RING_CAPACITY: usize = 1 << 16;
@@ -82,6 +88,9 @@ pub struct Shared {
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,
+    /// Shards not yet drained; a shard exits when this reaches 0, as it may host a scheduler
+    /// that the others still report to.
+    pub shards_busy: AtomicUsize,
     pub clock: Clock,
     /// The body of `GET /v1/models`.
     pub models_json: Vec<u8>,
@@ -104,7 +113,6 @@ pub struct Running {
     addr: SocketAddr,
     admin_addr: SocketAddr,
     shards: Vec<JoinHandle<()>>,
-    schedulers: Vec<SchedulerThread>,
     control: ControlThread,
     admin: admin::AdminThread,
 }
@@ -136,8 +144,9 @@ impl Running {
         }
     }
 
-    /// Waits for the shards to drain and stop (call [`Running::shutdown`] first, or have a
-    /// signal do it), then stops the schedulers, the control thread and the admin listener.
+    /// Waits for the shards (and the schedulers they host) to drain and stop (call
+    /// [`Running::shutdown`] first, or have a signal do it), then stops the control thread and
+    /// the admin listener.
     pub fn wait(self) {
         for shard in self.shards {
             if shard.join().is_err() {
@@ -146,9 +155,6 @@ impl Running {
         }
         self.admin.stop();
         let _ = self.control.stop();
-        for scheduler in self.schedulers {
-            scheduler.stop();
-        }
     }
 }
 
@@ -173,26 +179,23 @@ pub fn start(config: Config) -> io::Result<Running> {
     let admin_addr = admin_listener.local_addr()?;
 
     let polls = (0..shard_count).map(|_| mio::Poll::new()).collect::<io::Result<Vec<_>>>()?;
+    let mut wakers = Vec::with_capacity(shard_count);
     let mut rings = Vec::with_capacity(shard_count);
     for poll in &polls {
-        let waker = mio::Waker::new(poll.registry(), shard::WAKER)?;
-        rings.push(Arc::new(Ring::new(RING_CAPACITY, waker)));
+        let waker = Arc::new(mio::Waker::new(poll.registry(), shard::WAKER)?);
+        rings.push(Arc::new(Ring::new(RING_CAPACITY, Arc::clone(&waker))));
+        wakers.push(waker);
     }
 
     let mut models = Vec::with_capacity(config.models.len());
-    let mut schedulers = Vec::with_capacity(config.models.len());
+    let mut hosted: Vec<Vec<ShardHost>> = (0..shard_count).map(|_| Vec::new()).collect();
     let mut targets = Vec::new();
-    for model in &config.models {
+    for (index, model) in config.models.iter().enumerate() {
         let params = Params::for_model(model, &config.upstream, clock.rate());
         let scheduler = Scheduler::new(params, clock.now());
-        let inbox_capacity = RING_CAPACITY;
-        let thread = SchedulerThread::spawn(
-            format!("sched-{}", model.name),
-            scheduler,
-            inbox_capacity,
-            rings.clone(),
-            clock.clone(),
-        )?;
+        let home = index % shard_count;
+        let inbox = Arc::new(Ring::new(RING_CAPACITY, InboxWaker::Loop(Arc::clone(&wakers[home]))));
+        let host = Host::new(scheduler, Arc::clone(&inbox), rings.clone());
         let mut backends = Vec::with_capacity(model.backends.len());
         for (index, authority) in (0u16..).zip(&model.backends) {
             let resolved = authority.to_socket_addrs().ok().and_then(|mut a| a.next());
@@ -204,7 +207,7 @@ pub fn start(config: Config) -> io::Result<Running> {
             };
             backends.push(BackendAddr { addr: resolved, authority: authority.clone() });
             targets.push(Target {
-                inbox: Arc::clone(thread.inbox()),
+                inbox: Arc::clone(&inbox),
                 backend: index,
                 addr: authority.clone(),
                 engine: engine_kind(model.engine),
@@ -215,10 +218,10 @@ pub fn start(config: Config) -> io::Result<Running> {
             upstream_model: model.upstream_model.clone(),
             session_header: model.queue.session_header.to_ascii_lowercase(),
             backends,
-            inbox: Arc::clone(thread.inbox()),
-            report: Arc::clone(thread.report()),
+            inbox,
+            report: Arc::clone(host.report()),
         });
-        schedulers.push(thread);
+        hosted[home].push(host);
     }
     let by_name = (0u16..).zip(&models).map(|(i, m)| (m.name.clone(), i)).collect();
     let backend_counts: Vec<usize> = models.iter().map(|m| m.backends.len()).collect();
@@ -240,6 +243,7 @@ pub fn start(config: Config) -> io::Result<Running> {
         rings: rings.clone(),
         shard_metrics,
         shutting_down: AtomicBool::new(false),
+        shards_busy: AtomicUsize::new(shard_count),
         clock: clock.clone(),
         models_json,
     });
@@ -250,10 +254,12 @@ pub fn start(config: Config) -> io::Result<Running> {
         false => Vec::new(),
     };
     let mut shards = Vec::with_capacity(shard_count);
-    for (index, (poll, listener)) in polls.into_iter().zip(listeners).enumerate() {
+    let shard_parts = polls.into_iter().zip(listeners).zip(hosted);
+    for (index, ((poll, listener), hosted)) in shard_parts.enumerate() {
         let setup = shard::Setup {
             index: index as u16,
             poll,
+            hosted,
             listener: mio::net::TcpListener::from_std(listener),
             ring: Arc::clone(&rings[index]),
             shared: Arc::clone(&shared),
@@ -266,7 +272,7 @@ pub fn start(config: Config) -> io::Result<Running> {
         shards.push(handle);
     }
     let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
-    Ok(Running { shared, addr, admin_addr, shards, schedulers, control, admin })
+    Ok(Running { shared, addr, admin_addr, shards, control, admin })
 }
 
 /// A non-blocking listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so every shard binds the

@@ -41,7 +41,7 @@ use crate::scheduler::wheel::{TimerKey, TimerWheel};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
 
 use super::metrics::{ShardMetrics, UpstreamError};
-use super::{ShardRing, Shared};
+use super::{ShardHost, ShardRing, Shared};
 
 /// The token of the shard ring's waker.
 pub const WAKER: Token = Token(usize::MAX - 1);
@@ -63,6 +63,8 @@ const KEY_BITS: u32 = 24;
 pub struct Setup {
     pub index: u16,
     pub poll: Poll,
+    /// The schedulers this shard runs.
+    pub hosted: Vec<ShardHost>,
     pub listener: TcpListener,
     pub ring: Arc<ShardRing>,
     pub shared: Arc<Shared>,
@@ -209,6 +211,11 @@ enum Failure {
 struct Shard {
     index: u16,
     poll: Poll,
+    /// The schedulers this shard runs, and their decisions for this shard's own requests.
+    hosted: Vec<ShardHost>,
+    local: std::collections::VecDeque<Output>,
+    /// Drained during shutdown (counted off `Shared::shards_busy`).
+    drained: bool,
     listener: Option<TcpListener>,
     ring: Arc<ShardRing>,
     shared: Arc<Shared>,
@@ -272,6 +279,9 @@ impl Shard {
         Ok(Shard {
             index: setup.index,
             poll: setup.poll,
+            hosted: setup.hosted,
+            local: std::collections::VecDeque::new(),
+            drained: false,
             listener: Some(listener),
             ring: setup.ring,
             metrics: Arc::clone(&shared.shard_metrics[usize::from(setup.index)]),
@@ -299,18 +309,18 @@ impl Shard {
         let mut expired = Vec::new();
         loop {
             self.wake_schedulers();
-            let timeout = if !self.again.is_empty() {
-                Some(Duration::ZERO)
-            } else if !self.backlog.is_empty() {
-                Some(BACKLOG_TICK)
-            } else if !self.wheel.is_empty() || self.drain_deadline.is_some() {
-                Some(TIMER_TICK)
-            } else {
-                None
-            };
-            let timeout = if self.ring.prepare_sleep() { timeout } else { Some(Duration::ZERO) };
+            let timeout = self.poll_timeout();
+            // Announce sleep on every ring this loop consumes; any non-empty one means no sleep.
+            let mut sleep = self.ring.prepare_sleep();
+            for host in &self.hosted {
+                sleep &= host.inbox().prepare_sleep();
+            }
+            let timeout = if sleep { timeout } else { Some(Duration::ZERO) };
             let polled = self.poll.poll(&mut events, timeout);
             self.ring.woke();
+            for host in &self.hosted {
+                host.inbox().woke();
+            }
             if let Err(e) = polled {
                 if e.kind() != ErrorKind::Interrupted {
                     return Err(e);
@@ -326,6 +336,7 @@ impl Shard {
                     }
                 }
             }
+            self.run_hosted();
             while let Some(output) = self.ring.pop() {
                 self.decision(output);
             }
@@ -343,6 +354,56 @@ impl Shard {
             if self.shared.shutting_down.load(Ordering::Acquire) && self.drain(now) {
                 self.wake_schedulers();
                 return Ok(());
+            }
+        }
+    }
+
+    /// How long the loop may block: not at all with work pending, until the hosted schedulers'
+    /// next timer, and at most [`TIMER_TICK`] while connection timers are armed.
+    fn poll_timeout(&self) -> Option<Duration> {
+        if !self.again.is_empty() || !self.local.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let mut timeout = if !self.backlog.is_empty() {
+            Some(BACKLOG_TICK)
+        } else if !self.wheel.is_empty() || self.drain_deadline.is_some() {
+            Some(TIMER_TICK)
+        } else {
+            None
+        };
+        let now = self.clock.now();
+        for host in &self.hosted {
+            let due = match host.backlogged() {
+                true => Some(BACKLOG_TICK),
+                false => host.next_wakeup().map(|at| self.rate.duration(at.saturating_sub(now))),
+            };
+            timeout = match (timeout, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        timeout
+    }
+
+    /// Runs the hosted schedulers over their inboxes and acts on the decisions for this
+    /// shard's requests at once; a few rounds, as acting on a decision may send another input
+    /// (a retry) to a hosted scheduler.
+    fn run_hosted(&mut self) {
+        if self.hosted.is_empty() {
+            return;
+        }
+        for _ in 0..4 {
+            let now = self.clock.now();
+            let mut handled = 0;
+            for host in &mut self.hosted {
+                handled += host.pass(now, Some((self.index, &mut self.local)));
+            }
+            let decided = !self.local.is_empty();
+            while let Some(output) = self.local.pop_front() {
+                self.decision(output);
+            }
+            if handled == 0 && !decided {
+                return;
             }
         }
     }
@@ -379,7 +440,19 @@ impl Shard {
                 self.client_gone(key);
             }
         }
-        self.clients == 0 && self.backlog.is_empty()
+        let idle = self.clients == 0
+            && self.backlog.is_empty()
+            && self.local.is_empty()
+            && self.hosted.iter().all(|h| !h.backlogged() && h.inbox().is_empty());
+        if idle && !self.drained {
+            // Off the busy count; wake the others, whose hosts may be waiting for the last one.
+            self.drained = true;
+            self.shared.shards_busy.fetch_sub(1, Ordering::AcqRel);
+            for ring in &self.shared.rings {
+                ring.wake();
+            }
+        }
+        self.drained && self.shared.shards_busy.load(Ordering::Acquire) == 0
     }
 
     // ----- accept -----

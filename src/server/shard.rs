@@ -150,6 +150,9 @@ struct Client {
     gone: bool,
     /// epoll reported the peer's FIN: read to the end, short reads included.
     hup: bool,
+    /// The last read stopped at the read limit, not at an empty socket: bytes may wait that
+    /// no new edge will announce.
+    undrained: bool,
     /// Close once the response is flushed.
     closing: bool,
     req: Option<Box<Request>>,
@@ -500,6 +503,7 @@ impl Shard {
                 timer: None,
                 gone: false,
                 hup: false,
+                undrained: false,
                 closing: false,
                 req: None,
             }));
@@ -590,6 +594,7 @@ impl Shard {
                     Err(_) => c.gone = true,
                 }
             }
+            c.undrained = !drained && !c.gone;
             let (gone, filled) = (c.gone, c.rlen);
             self.advance(key);
             // Read on only when the read stopped at a limit that the new phase raised (a
@@ -1149,12 +1154,16 @@ impl Shard {
             c.rbuf.shrink_to(READ_CHUNK);
         }
         let pending = c.rlen > 0;
+        let undrained = c.undrained;
         let deadline = now + if pending { self.timeouts.header } else { self.timeouts.idle };
         self.set_timer(key, Some(deadline));
-        // A pipelined request may be buffered, and bytes may be waiting in the socket (the
-        // edge was consumed while the response ran): the loop reads the connection again, not
-        // this call, so a long pipeline is served iteratively rather than by recursion.
-        self.again.push(key);
+        // A pipelined request may be buffered, or bytes may wait in the socket that no edge
+        // will announce (the last read stopped at the limit): the loop reads the connection
+        // again, not this call, so a long pipeline is served iteratively, not by recursion.
+        // Otherwise the next request's bytes will come with a new edge.
+        if pending || undrained {
+            self.again.push(key);
+        }
     }
 
     /// The client closed or failed: drop its request the way its phase requires (S10).

@@ -788,6 +788,18 @@ fn large_bodies_are_read_whole_and_forwarded_intact() {
     for request in &received {
         assert_eq!(request.body, body.as_bytes(), "the body, whole and unchanged");
     }
+
+    // With a rewrite, the body goes out in three pieces around the new model token; 2 MB
+    // overflows the socket buffers, so the vectored writes stop and resume mid-body.
+    let backend = Backend::start();
+    let router = setup(&[&backend]).model_key("upstream_model", "org/Up-\\u00e9").start();
+    let content = "0123456789abcdef".repeat(2_000_000 / 16);
+    let body =
+        format!(r#"{{"model" : "{M}","messages":[{{"role":"user","content":"{content}"}}]}}"#);
+    assert_eq!(client::exchange(router.addr, &post(body.as_bytes())).status, 200);
+    let received = backend.wait_for_requests(1, PATIENCE);
+    let expected = body.replacen(&format!("\"{M}\""), r#""org/Up-\\u00e9""#, 1);
+    assert!(received[0].body == expected.as_bytes(), "the rewritten body, whole");
 }
 
 #[test]

@@ -64,8 +64,8 @@ pub struct BackendAddr {
 #[derive(Debug)]
 pub struct Model {
     pub name: String,
-    /// The in-place rewrite of `"model"`, as a JSON string token's contents.
-    pub upstream_model: Option<String>,
+    /// The in-place rewrite of `"model"`: `upstream_model` as a JSON string token.
+    pub upstream_model_json: Option<Vec<u8>>,
     /// The session header, lowercase.
     pub session_header: String,
     pub backends: Vec<BackendAddr>,
@@ -215,7 +215,11 @@ pub fn start(config: Config) -> io::Result<Running> {
         }
         models.push(Model {
             name: model.name.clone(),
-            upstream_model: model.upstream_model.clone(),
+            upstream_model_json: model.upstream_model.as_deref().map(|name| {
+                let mut json = Vec::new();
+                crate::protocol::write_json_string(name, &mut json);
+                json
+            }),
             session_header: model.queue.session_header.to_ascii_lowercase(),
             backends,
             inbox,

@@ -32,10 +32,10 @@ use slab::Slab;
 
 use crate::clock::{Clock, Tick, TickRate};
 use crate::protocol::{
-    find_model, parse_request_head, parse_response_head, rewrite_model, write_client_response_head,
-    write_error, write_protocol_error, write_upstream_head, ChunkedDecoder, ChunkedEncoder,
-    ClientInfo, ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan,
-    RequestHead, ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
+    find_model, parse_request_head, parse_response_head, write_client_response_head, write_error,
+    write_protocol_error, write_upstream_head, ChunkedDecoder, ChunkedEncoder, ClientInfo,
+    ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
+    ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
 use crate::scheduler::wheel::{TimerKey, TimerWheel};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
@@ -49,6 +49,11 @@ const LISTENER: Token = Token(usize::MAX - 2);
 
 /// Bytes read per `read` call at most (the buffer grows to this size in steps).
 const READ_CHUNK: usize = 64 << 10;
+/// A client buffer larger than this is shrunk back to [`READ_CHUNK`] between requests. Growing
+/// a buffer zero-fills it (no `unsafe` here to read into spare capacity), so a connection that
+/// keeps sending large bodies keeps its buffer rather than paying a memset per request; 256 KiB
+/// bounds what an idle keep-alive connection holds.
+const KEEP_BUFFER_MAX: usize = 256 << 10;
 /// Unflushed response bytes above which the shard stops reading the backend.
 const CLIENT_HIGH_WATER: usize = 256 << 10;
 /// How often the loop wakes to run the timer wheel while timers are armed.
@@ -121,6 +126,8 @@ struct Request {
     /// First byte of the request seen.
     started: Tick,
     streaming: bool,
+    /// The `"model"` string token in the body (what `upstream_model` replaces).
+    model_token: std::ops::Range<usize>,
     admission: Option<Admission>,
     /// Bytes counted in the shard's buffered-bytes gauge while queued.
     buffered: u64,
@@ -683,6 +690,7 @@ impl Shard {
                     raw_len,
                     started: now,
                     streaming: false,
+                    model_token: 0..0,
                     admission: None,
                     buffered: 0,
                     reconnected: false,
@@ -787,9 +795,11 @@ impl Shard {
             return self.router_error(key, 404, "model_not_found", &message, None);
         };
         let streaming = field.stream;
+        let token = field.token.clone();
         let body_len = body.len();
         req.model = Some(model);
         req.streaming = streaming;
+        req.model_token = token;
         let m = &shared.models[usize::from(model)];
         let session = if m.session_header == shared.limits.session_header {
             Ok(req.head.session_id(&c.rbuf))
@@ -882,20 +892,14 @@ impl Shard {
         let admission = req.admission.expect("admitted");
         let m = &shared.models[usize::from(model)];
         let backend = &m.backends[usize::from(admission.backend)];
-        let body = match req.decoder {
-            Some(_) => &req.decoded[..],
-            None => &c.rbuf[req.head.head_len..req.raw_len],
-        };
+        let body = request_body(req, &c.rbuf);
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
-        let mut rewritten = Vec::new();
-        let body: &[u8] = match &m.upstream_model {
-            Some(name) => {
-                let field = find_model(body).expect("validated at dispatch");
-                rewrite_model(body, &field, name, &mut rewritten);
-                &rewritten
-            }
-            None => body,
+        // Only the head is built here: the body goes out from the client's buffer, the model
+        // token replaced on the way when rewriting (see `flush_upstream`), never copied.
+        let body_len = match &m.upstream_model_json {
+            Some(json) => body.len() - req.model_token.len() + json.len(),
+            None => body.len(),
         };
         let mut request_id = [0u8; 19];
         let request_id = format_request_id(req.id, &mut request_id);
@@ -903,10 +907,9 @@ impl Shard {
             client_addr: c.peer,
             request_id,
             default_host: backend.authority.as_bytes(),
-            body_len: body.len() as u64,
+            body_len: body_len as u64,
         };
         write_upstream_head(&req.head, &c.rbuf, &mut out, &info);
-        out.extend_from_slice(body);
         let was_head = req.head.method(&c.rbuf) == b"HEAD";
         req.forwarded_at = self.clock.now();
         let addr = backend.addr;
@@ -1149,7 +1152,7 @@ impl Shard {
         c.rbuf.copy_within(used..c.rlen, 0);
         c.rlen -= used;
         c.phase = Phase::Head;
-        if c.rbuf.len() > READ_CHUNK && c.rlen < READ_CHUNK {
+        if c.rbuf.len() > KEEP_BUFFER_MAX && c.rlen < READ_CHUNK {
             c.rbuf.truncate(READ_CHUNK);
             c.rbuf.shrink_to(READ_CHUNK);
         }
@@ -1233,13 +1236,40 @@ impl Shard {
         self.flush_upstream(up);
     }
 
+    /// Writes the request to the backend: the head from the connection's buffer, then the body
+    /// straight from the client's buffer (with the model token swapped for `upstream_model`'s),
+    /// in vectored writes.
     fn flush_upstream(&mut self, up: usize) {
-        let u = self.upstream(up);
+        let shared = Arc::clone(&self.shared);
+        let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
+            return;
+        };
         if u.state != UpState::Busy {
             return;
         }
-        while u.wpos < u.wbuf.len() {
-            match u.stream.write(&u.wbuf[u.wpos..]) {
+        let req = c.req.as_ref().expect("a forwarded request");
+        let body = request_body(req, &c.rbuf);
+        let parts: [&[u8]; 4] = match &shared.models[usize::from(u.model)].upstream_model_json {
+            Some(json) => {
+                let token = req.model_token.clone();
+                [&u.wbuf, &body[..token.start], json, &body[token.end..]]
+            }
+            None => [&u.wbuf, body, &[], &[]],
+        };
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        while u.wpos < total {
+            let mut slices = [io::IoSlice::new(&[]); 4];
+            let (mut used, mut skip) = (0, u.wpos);
+            for part in parts {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                slices[used] = io::IoSlice::new(&part[skip..]);
+                skip = 0;
+                used += 1;
+            }
+            match u.stream.write_vectored(&slices[..used]) {
                 Ok(0) => return self.upstream_failed(up, Failure::Retryable(UpstreamError::Reset)),
                 Ok(n) => u.wpos += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -1646,6 +1676,15 @@ impl Shard {
                 model.inbox.wake_if_sleeping();
             }
         }
+    }
+}
+
+/// The body of a complete request: in the client's buffer after the head, or decoded from
+/// chunks.
+fn request_body<'a>(req: &'a Request, rbuf: &'a [u8]) -> &'a [u8] {
+    match req.decoder {
+        Some(_) => &req.decoded,
+        None => &rbuf[req.head.head_len..req.raw_len],
     }
 }
 

@@ -900,3 +900,31 @@ fn the_binary_serves_and_exits_0_on_sigterm_and_sigint() {
 fn free_address() -> String {
     support::backend::refusing_address()
 }
+
+/// SPEC 6: with `debug_headers = true` a response says its lane, its queue wait and its
+/// backend; a follow-up of a completed session says `boosted`. Without it, none of them.
+#[test]
+fn debug_headers_name_the_lane_the_wait_and_the_backend() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).server("debug_headers", "true").start();
+    let first = client::exchange(router.addr, &chat_request(M, Some("conv"), false));
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-warmpath-lane"), Some("normal"));
+    assert_eq!(first.header("x-warmpath-backend"), Some(backend.address().as_str()));
+    let wait = first.header("x-warmpath-queue-wait-us").expect("a queue wait header");
+    assert!(wait.parse::<u64>().is_ok(), "a number of microseconds: {wait:?}");
+    // The first turn's completion is reported when its response has been flushed: wait until
+    // the tracker holds the session, then the next turn is boosted.
+    eventually("the session is tracked", || {
+        client::model_queue(router.admin, M)["sessions_tracked"].as_u64() == Some(1)
+    });
+    let second = client::exchange(router.addr, &chat_request(M, Some("conv"), false));
+    assert_eq!(second.header("x-warmpath-lane"), Some("boosted"));
+
+    let plain = setup(&[&backend]).start();
+    let response = client::exchange(plain.addr, &chat_request(M, Some("conv"), false));
+    assert_eq!(response.status, 200);
+    for name in ["x-warmpath-lane", "x-warmpath-queue-wait-us", "x-warmpath-backend"] {
+        assert_eq!(response.header(name), None, "{name} only with debug_headers");
+    }
+}

@@ -928,3 +928,24 @@ fn debug_headers_name_the_lane_the_wait_and_the_backend() {
         assert_eq!(response.header(name), None, "{name} only with debug_headers");
     }
 }
+
+/// A client that stops reading its response: once the router has buffered what it may and the
+/// client has accepted nothing for `idle_timeout`, the exchange is abandoned — the backend sees
+/// its connection close and the slot is released — instead of holding both forever.
+#[test]
+fn a_client_that_stops_reading_is_dropped_after_idle_timeout() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let router = setup(&[&backend]).server("idle_timeout", "300ms").start();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("s"), true));
+    let stream = backend.next_stream();
+    // 16 MiB: far more than the socket buffers and the router's 256 KiB high-water mark.
+    let chunk = vec![b'x'; 64 << 10];
+    for _ in 0..256 {
+        stream.raw(&chunk);
+    }
+    eventually("the backend sees its connection closed", || stream.peer_closed());
+    client::wait_idle(router.admin, M);
+    drop(conn);
+}

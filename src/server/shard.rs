@@ -1089,13 +1089,17 @@ impl Shard {
     /// Writes what the client's buffer holds; ends the request once its response is out.
     fn flush_client(&mut self, key: usize) {
         let Conn::Client(c) = &mut self.conns[key] else { return };
+        let mut progressed = false;
         while c.wpos < c.wbuf.len() {
             match c.stream.write(&c.wbuf[c.wpos..]) {
                 Ok(0) => {
                     c.gone = true;
                     break;
                 }
-                Ok(n) => c.wpos += n,
+                Ok(n) => {
+                    c.wpos += n;
+                    progressed = true;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -1112,6 +1116,16 @@ impl Shard {
             return self.client_gone(key);
         }
         let pending = c.wbuf.len() - c.wpos;
+        // A client that stops reading its response: the send timeout is `idle_timeout`, from
+        // the last byte it accepted.
+        let sending = matches!(c.phase, Phase::Upstream(_) | Phase::Done);
+        if sending && pending > 0 && (progressed || c.timer.is_none()) {
+            let deadline = self.clock.now() + self.timeouts.idle;
+            self.set_timer(key, Some(deadline));
+        } else if sending && pending == 0 && c.timer.is_some() {
+            self.set_timer(key, None);
+        }
+        let Conn::Client(c) = &mut self.conns[key] else { return };
         match c.phase {
             Phase::Done if pending == 0 => self.end_request(key),
             Phase::Upstream(up) if pending < CLIENT_HIGH_WATER / 2 => {
@@ -1621,7 +1635,9 @@ impl Shard {
                             c.closing = true;
                         }
                     }
-                    _ => {}
+                    // The client accepted nothing of its response for `idle_timeout`.
+                    Phase::Upstream(_) | Phase::Done => self.client_gone(key),
+                    Phase::Queued => {}
                 }
             }
             Some(Conn::Upstream(u)) => {

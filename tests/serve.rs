@@ -397,7 +397,7 @@ fn no_response_head_within_the_upstream_header_timeout_is_a_502() {
     let response = client::exchange(router.addr, &chat_request(M, None, false));
     response.assert_error(502, "upstream_error");
     assert!(since(start) >= Duration::from_millis(200), "not before the timeout");
-    assert_eq!(slow.holding() + other.holding(), 1, "sent once, not retried");
+    assert_eq!(slow.request_count() + other.request_count(), 1, "sent once, not retried");
     let labels = [("model", M), ("kind", "timeout")];
     client::wait_metric(router.admin, "warmpath_upstream_errors_total", &labels, |n| n == 1.0);
     client::wait_metric(router.admin, "warmpath_retries_total", &[("model", M)], |n| n == 0.0);

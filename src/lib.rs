@@ -2,6 +2,7 @@
 //! that still holds their prefix (KV) cache.
 //!
 //! The crate is laid out along the request path (see `ARCHITECTURE.md`):
+//! - [`bench`]: `warmpath bench`, the workload driver: synthetic sessions and trace replays.
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
 //! - [`control`]: the control thread's sans-IO parts: parsing backends' Prometheus metrics.
@@ -10,6 +11,7 @@
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
 //! - [`server`]: `warmpath serve`, the dataplane: shards, rings, upstream pools, admin.
 
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod control;

@@ -1,0 +1,334 @@
+//! `warmpath bench`: the workload driver of SPEC section 8.
+//!
+//! It sends multi-turn chat sessions to any OpenAI-compatible URL (warmpath, a peer router, an
+//! engine directly) and measures what a user of that URL sees:
+//! - [`workload`]: what is sent: sessions of turns, each with its earliest send time, the turn
+//!   it waits for, a think time, `max_tokens`, and a prompt rendered when sent (a follow-up's
+//!   prompt textually extends its predecessor's, so prefix caches hit as in the trace).
+//! - [`synthetic`]: the `multiturn` workload (Poisson arrivals, fixed turns, a shared system
+//!   prompt, exponential think times), deterministic for a seed.
+//! - [`trace`]: replays of `../shared/data/`: Mooncake with sessions derived from prefix-block
+//!   links as its README says, RAGPulse with its own sessions, both time-compressed.
+//! - [`client`]: the load generator: one thread, one mio loop, keep-alive connections,
+//!   streaming chat completions; follow-ups wait for their predecessor and their think time.
+//! - [`engines`]: the engines' prefix-cache counters from their `/metrics`.
+//! - [`report`]: nearest-rank p50/p90/p99 of TTFT, inter-token and end-to-end latency for first
+//!   turns and follow-ups, throughput, errors by status; a table, JSON and SVG plots.
+//!
+//! Decisions (where SPEC 8 is silent):
+//! - Tokens are words: a trace token becomes one whitespace-separated word (the simulated
+//!   engine's tokeniser); words come from a 128-word English vocabulary so a real tokenizer
+//!   reads about one token each too.
+//! - `--duration` bounds when requests *start* (turns whose offset is past it are dropped, and
+//!   with them their follow-ups); requests already planned run to completion. For `multiturn`
+//!   it is the window over which sessions arrive, so every session runs all its turns.
+//! - `--time-scale` defaults to 1 for Mooncake (about 17 minutes) and 1000 for RAGPulse (its 7
+//!   days in about 10 minutes).
+//! - A follow-up is sent after its predecessor ended whatever the outcome (an error does not
+//!   end a conversation); it is not sent before its own offset (traces) or before its
+//!   predecessor's end plus its think time (synthetic).
+//! - Requests in flight are bounded (`--max-inflight`, default 256): a due turn beyond that
+//!   waits, and is measured from when it was sent.
+//! - Only plain `http://` targets (the fleets this measures are on a private network).
+
+pub mod client;
+pub mod engines;
+pub mod report;
+pub mod synthetic;
+pub mod trace;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::clock::Clock;
+use crate::config::duration::parse_duration;
+
+pub use client::Target;
+pub use report::{plot_ttft, table, write_json, write_report, BenchResult, Percentiles, Sample};
+pub use synthetic::MultiTurn;
+pub use workload::{Message, Prompt, Session, Turn, Workload};
+
+/// Which workload `warmpath bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadKind {
+    /// Synthetic multi-turn chat sessions.
+    Multiturn,
+    /// A replay of the Mooncake trace with derived sessions.
+    Mooncake,
+    /// A replay of the RAGPulse trace.
+    Ragpulse,
+}
+
+/// Arguments of `warmpath bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Base URL of an OpenAI-compatible server, e.g. `http://127.0.0.1:8080` (requests go to
+    /// `/v1/chat/completions` under it).
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+    /// The `model` of every request.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub model: String,
+    /// The workload.
+    #[arg(long, value_enum, default_value = "multiturn")]
+    pub workload: WorkloadKind,
+    /// Directory holding the traces [default: $WARMPATH_DATA_DIR, else ../shared/data next to
+    /// the source tree].
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<PathBuf>,
+    /// Trace time compression: trace seconds per second of replay [default: 1 for mooncake,
+    /// 1000 for ragpulse].
+    #[arg(long, value_name = "FACTOR")]
+    pub time_scale: Option<f64>,
+    /// Only requests starting within this time (e.g. `60s`); for multiturn the window over
+    /// which sessions arrive [default: 30s for multiturn, the whole trace otherwise].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// At most this many requests (the earliest).
+    #[arg(long, value_name = "N")]
+    pub max_requests: Option<usize>,
+    /// multiturn: new sessions per second.
+    #[arg(long, default_value_t = 2.0)]
+    pub rate: f64,
+    /// multiturn: turns per session.
+    #[arg(long, default_value_t = 4)]
+    pub turns: u32,
+    /// multiturn: words of the system prompt shared by all sessions.
+    #[arg(long, default_value_t = 512)]
+    pub system_words: u32,
+    /// multiturn: words of context in a session's first turn.
+    #[arg(long, default_value_t = 2000)]
+    pub context_words: u32,
+    /// multiturn: words of the user's message in each turn.
+    #[arg(long, default_value_t = 100)]
+    pub new_words: u32,
+    /// multiturn: `max_tokens` of each turn.
+    #[arg(long, default_value_t = 100)]
+    pub answer_tokens: u32,
+    /// multiturn: mean think time between turns, in milliseconds (exponential; 0: none).
+    #[arg(long, default_value_t = 2000)]
+    pub think_ms: u64,
+    /// The session header.
+    #[arg(long, value_name = "NAME", default_value = "X-Session-ID")]
+    pub session_header: String,
+    /// An engine's metrics URL (e.g. `http://127.0.0.1:8001/metrics`) for the prefix-cache hit
+    /// rate; repeatable.
+    #[arg(long = "engine-metrics", value_name = "URL")]
+    pub engine_metrics: Vec<String>,
+    /// Directory for the JSON result and the SVG plot.
+    #[arg(long, value_name = "DIR", default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Label of this run in the table, file names and plots [default: the workload's name].
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_inflight: usize,
+    /// A request not finished after this long fails as `timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "300s")]
+    pub request_timeout: Duration,
+    /// Add `"ignore_eos": true` (vLLM: generate exactly `max_tokens`).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// How [`run_workload`] sends and what it scrapes.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The `model` of every request.
+    pub model: String,
+    /// The session header's name.
+    pub session_header: String,
+    /// The label of the result.
+    pub label: String,
+    /// Requests in flight at most.
+    pub max_inflight: usize,
+    /// A request not finished after this long fails as `timeout`.
+    pub request_timeout: Duration,
+    /// Stop sending after this long from the start (requests in flight finish); None: send
+    /// everything.
+    pub stop_after: Option<Duration>,
+    /// Engines' metrics URLs, scraped before and after for the prefix-cache hit rate.
+    pub engine_metrics: Vec<String>,
+    /// Show a progress bar on standard error.
+    pub progress: bool,
+    /// Add `"ignore_eos": true` to requests.
+    pub ignore_eos: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            model: "default".into(),
+            session_header: "X-Session-ID".into(),
+            label: "bench".into(),
+            max_inflight: 256,
+            request_timeout: Duration::from_secs(300),
+            stop_after: None,
+            engine_metrics: Vec::new(),
+            progress: false,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Runs `workload` against `target` (`http://host:port[/prefix]`) and summarises it.
+pub fn run_workload(
+    target: &str,
+    workload: &Workload,
+    options: &RunOptions,
+) -> std::io::Result<BenchResult> {
+    assert!(options.max_inflight > 0, "max_inflight must be positive");
+    let target = Target::parse(target)?;
+    let clock = Clock::real();
+    let mut notes = Vec::new();
+    let before = scrape(&options.engine_metrics, &clock, &mut notes);
+    let planned = workload.requests() as u64;
+    let progress = if options.progress {
+        let bar = ProgressBar::new(planned);
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests ({per_sec})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let (samples, elapsed) = client::drive(&target, workload, options, &progress)?;
+    progress.finish_and_clear();
+    let after = scrape(&options.engine_metrics, &clock, &mut notes);
+    let mut result = BenchResult::summarise(
+        &options.label,
+        &workload.name,
+        &target.url,
+        planned,
+        elapsed,
+        samples,
+    );
+    if let (Some(b), Some(a)) = (before, after) {
+        let (hits, queries) = (a.hits - b.hits, a.queries - b.queries);
+        let hit_rate = (queries > 0.0).then(|| hits / queries);
+        result.prefix_cache = Some(report::PrefixCache { hits, queries, hit_rate });
+    }
+    result.notes = notes;
+    Ok(result)
+}
+
+fn scrape(urls: &[String], clock: &Clock, notes: &mut Vec<String>) -> Option<engines::Counters> {
+    if urls.is_empty() {
+        return None;
+    }
+    engines::scrape_all(urls, clock).map_err(|e| notes.push(format!("metrics: {e}"))).ok()
+}
+
+/// The workload `args` describe.
+pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
+    let dir = args.trace_dir.clone().unwrap_or_else(trace::data_dir);
+    let mut workload = match args.workload {
+        WorkloadKind::Multiturn => MultiTurn {
+            rate: args.rate,
+            duration: args.duration.unwrap_or(Duration::from_secs(30)),
+            turns: args.turns,
+            system_words: args.system_words,
+            context_words: args.context_words,
+            new_words: args.new_words,
+            answer_tokens: args.answer_tokens,
+            think_mean: Duration::from_millis(args.think_ms),
+            seed: args.seed,
+        }
+        .workload(),
+        WorkloadKind::Mooncake => {
+            let rows = trace::read_mooncake(&dir.join(trace::MOONCAKE_FILE))?;
+            trace::mooncake(&rows, args.time_scale.unwrap_or(1.0))
+        }
+        WorkloadKind::Ragpulse => {
+            let rows = trace::read_ragpulse(&dir.join(trace::RAGPULSE_FILE))?;
+            trace::ragpulse(&rows, args.time_scale.unwrap_or(1000.0))
+        }
+    };
+    workload.truncate(args.max_requests, args.duration);
+    Ok(workload)
+}
+
+fn check(args: &BenchArgs) -> Result<(), String> {
+    let scale_ok = args.time_scale.is_none_or(|s| s.is_finite() && s > 0.0);
+    match () {
+        _ if !scale_ok => Err("--time-scale must be a positive number".into()),
+        _ if !(args.rate.is_finite() && args.rate > 0.0) => Err("--rate must be positive".into()),
+        _ if args.turns == 0 => Err("--turns must be at least 1".into()),
+        _ if args.max_inflight == 0 => Err("--max-inflight must be at least 1".into()),
+        _ => Ok(()),
+    }
+}
+
+/// `warmpath bench`: builds the workload, runs it, prints the table, writes JSON and SVG into
+/// `--out`. Exit code 0 when at least one request succeeded, 1 when none did or the run could
+/// not start, 2 on a bad argument.
+pub fn run(args: &BenchArgs) -> ExitCode {
+    if let Err(e) = check(args) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let workload = match build_workload(args) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let label = args.label.clone().unwrap_or_else(|| workload.name.clone());
+    eprintln!(
+        "{label}: {} sessions, {} requests ({} follow-ups) to {}",
+        workload.sessions.len(),
+        workload.requests(),
+        workload.follow_ups(),
+        args.target
+    );
+    let options = RunOptions {
+        model: args.model.clone(),
+        session_header: args.session_header.clone(),
+        label,
+        max_inflight: args.max_inflight,
+        request_timeout: args.request_timeout,
+        stop_after: None,
+        engine_metrics: args.engine_metrics.clone(),
+        progress: !args.no_progress,
+        ignore_eos: args.ignore_eos,
+    };
+    let result = match run_workload(&args.target, &workload, &options) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print!("{}", table(std::slice::from_ref(&result)));
+    let plot = format!("{}-ttft.svg", report::file_stem(&result.label));
+    match write_report(&args.out, std::slice::from_ref(&result), &plot) {
+        Ok(paths) => {
+            for p in paths {
+                eprintln!("wrote {}", p.display());
+            }
+        }
+        Err(e) => {
+            eprintln!("error: writing the report into {}: {e}", args.out.display());
+            return ExitCode::from(1);
+        }
+    }
+    if result.all.ok == 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -81,7 +81,9 @@ pub struct Percentiles {
 /// The nearest-rank `p`-th percentile (0 < p ≤ 100) of `sorted` (ascending, not empty).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     assert!(!sorted.is_empty() && p > 0.0 && p <= 100.0);
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    // A tolerance absorbs the binary rounding of p (99.9 % of 1000 is 999.0000000000001).
+    let exact = p / 100.0 * sorted.len() as f64;
+    let rank = (exact * (1.0 - 1e-12)).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
@@ -162,7 +164,7 @@ pub struct BenchResult {
     pub elapsed_s: f64,
     /// Turns in the workload.
     pub planned: u64,
-    /// Turns not sent (the duration limit passed first, or their predecessor failed to finish).
+    /// Turns not sent (`stop_after` passed before they were due).
     pub not_sent: u64,
     /// First turns.
     pub first_turns: Phase,

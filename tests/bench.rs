@@ -1,0 +1,289 @@
+//! `warmpath::bench` end to end against a tiny fake OpenAI server in this file (std threads on
+//! 127.0.0.1:0, one per connection, keep-alive): it streams a few SSE chunks per chat request,
+//! records when each request arrived and when its response was written, and serves
+//! `/metrics` counters that grow with every request. The tests check what the driver promises:
+//! a follow-up is sent only after its predecessor's response ended, and not before its think
+//! time (synthetic) or its own offset (traces); TTFT is measured; the report files are written.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use warmpath::bench::{self, MultiTurn, Prompt, RunOptions, Session, Turn, Workload};
+use warmpath::clock::{Clock, Tick};
+
+/// One chat request as the fake server saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    session: String,
+    /// Messages in the prompt: turn k of a synthetic session has 2 + 2k.
+    messages: usize,
+    arrived: Tick,
+    answered: Tick,
+}
+
+struct Fake {
+    url: String,
+    clock: Clock,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// Chunks per response and the pause before each.
+const CHUNKS: usize = 4;
+const CHUNK_GAP: Duration = Duration::from_millis(3);
+
+impl Fake {
+    fn start() -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let clock = Clock::real();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let counters = Arc::new(Mutex::new((0u64, 0u64)));
+        let (c, s) = (clock.clone(), Arc::clone(&seen));
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (c, s, n) = (c.clone(), Arc::clone(&s), Arc::clone(&counters));
+                thread::spawn(move || serve(stream, &c, &s, &n));
+            }
+        });
+        Fake { url, clock, seen }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+/// Serves one keep-alive connection until the client closes it.
+fn serve(stream: TcpStream, clock: &Clock, seen: &Mutex<Vec<Seen>>, counters: &Mutex<(u64, u64)>) {
+    // As real servers do: without it, Nagle holds each chunk for the client's delayed ACK.
+    stream.set_nodelay(true).expect("nodelay");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut out = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let request_line = line.trim_end().to_owned();
+        let (mut length, mut session) = (0usize, String::new());
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let (name, value) = header.split_once(':').expect("a header line");
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().expect("a length"),
+                "x-session-id" => session = value.trim().to_owned(),
+                _ => {}
+            }
+        }
+        let arrived = clock.now();
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).expect("body");
+        if request_line.starts_with("GET /metrics") {
+            let (hits, queries) = *counters.lock().expect("lock");
+            let text = format!(
+                "# TYPE vllm:prefix_cache_hits_total counter\n\
+                 vllm:prefix_cache_hits_total{{model_name=\"m\"}} {hits}.0\n\
+                 vllm:prefix_cache_queries_total{{model_name=\"m\"}} {queries}.0\n"
+            );
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", text.len());
+            let _ = out.write_all(format!("{head}{text}").as_bytes());
+            continue;
+        }
+        assert!(request_line.starts_with("POST /v1/chat/completions "), "{request_line}");
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
+        assert_eq!(json["stream"], true);
+        assert_eq!(json["stream_options"]["include_usage"], true);
+        let messages = json["messages"].as_array().expect("messages").len();
+        {
+            let mut c = counters.lock().expect("lock");
+            c.0 += 5;
+            c.1 += 10;
+        }
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                    Transfer-Encoding: chunked\r\n\r\n";
+        if out.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        for k in 0..CHUNKS {
+            thread::sleep(CHUNK_GAP);
+            let event =
+                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"w{k} \"}}}}]}}\n\n");
+            let _ = out.write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+        }
+        let last = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"completion_tokens\":{CHUNKS}}}}}\n\ndata: [DONE]\n\n"
+        );
+        let answered = clock.now();
+        // Recorded before the last bytes go out: the client cannot have seen the end earlier.
+        seen.lock().expect("lock").push(Seen { session, messages, arrived, answered });
+        if out.write_all(format!("{:x}\r\n{last}\r\n0\r\n\r\n", last.len()).as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn options(label: &str) -> RunOptions {
+    RunOptions { model: "m".into(), label: label.into(), ..RunOptions::default() }
+}
+
+/// Clock calibration differs slightly between two `Clock::real()`s: half a millisecond of slack.
+const SLACK: Duration = Duration::from_micros(500);
+
+#[test]
+fn synthetic_sessions_keep_order_and_think_times() {
+    let fake = Fake::start();
+    let params = MultiTurn {
+        rate: 40.0,
+        duration: Duration::from_millis(300),
+        turns: 3,
+        system_words: 20,
+        context_words: 50,
+        new_words: 10,
+        answer_tokens: 8,
+        think_mean: Duration::from_millis(40),
+        seed: 7,
+    };
+    let workload = params.workload();
+    assert!(workload.sessions.len() >= 5, "{} sessions", workload.sessions.len());
+    let mut opts = options("synthetic");
+    opts.engine_metrics = vec![format!("{}/metrics", fake.url)];
+    let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");
+
+    assert_eq!(result.all.requests as usize, workload.requests());
+    assert_eq!(result.all.ok, result.all.requests, "errors: {:?}", result.errors);
+    assert_eq!(result.follow_ups.requests as usize, workload.follow_ups());
+    assert!(result.samples.iter().all(|s| s.ttft_ms.is_some_and(|t| t > 0.0)));
+    assert!(result.samples.iter().all(|s| s.output_tokens == CHUNKS as u32));
+    let ttft = result.first_turns.ttft_ms.expect("first-turn TTFT");
+    assert!(ttft.p50 >= CHUNK_GAP.as_secs_f64() * 1000.0, "TTFT {ttft:?} under one chunk gap");
+    assert!(result.follow_ups.itl_ms.is_some_and(|p| p.p50 >= 2.0), "{:?}", result.follow_ups);
+    let cache = result.prefix_cache.as_ref().expect("scraped");
+    assert_eq!(cache.hit_rate, Some(0.5));
+    assert_eq!(cache.queries, 10.0 * workload.requests() as f64);
+
+    let rate = fake.clock.rate();
+    let mut by_session: BTreeMap<String, Vec<Seen>> = BTreeMap::new();
+    for s in fake.seen() {
+        by_session.entry(s.session.clone()).or_default().push(s);
+    }
+    assert_eq!(by_session.len(), workload.sessions.len(), "every request carries its session");
+    for session in &workload.sessions {
+        let mut seen = by_session.remove(&session.id).expect("the session was seen");
+        seen.sort_by_key(|s| s.messages);
+        let turns: Vec<usize> = seen.iter().map(|s| (s.messages - 2) / 2).collect();
+        assert_eq!(turns, vec![0, 1, 2], "session {}", session.id);
+        for k in 1..seen.len() {
+            let (prev, next) = (&seen[k - 1], &seen[k]);
+            assert!(next.arrived >= prev.answered, "turn {k} of {} overlapped", session.id);
+            let gap = rate.duration(next.arrived - prev.answered);
+            let think = session.turns[k].think;
+            assert!(gap + SLACK >= think, "{}: gap {gap:?} < think {think:?}", session.id);
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("warmpath-bench-{}", std::process::id()));
+    let mut second = result.clone();
+    second.label = "again".into();
+    let written = bench::write_report(&dir, &[result, second], "ttft.svg").expect("writes");
+    assert_eq!(written.len(), 3);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("synthetic.json")).expect("json written"))
+            .expect("valid JSON");
+    assert!(json["follow_ups"]["ttft_ms"]["p99"].as_f64().is_some_and(|p| p > 0.0));
+    assert_eq!(json["prefix_cache"]["hit_rate"], 0.5);
+    let svg = std::fs::read_to_string(dir.join("ttft.svg")).expect("svg written");
+    assert!(svg.starts_with("<svg") && svg.contains("follow-ups") && svg.contains("again"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+fn blocks_turn(at_ms: u64, after: Option<u32>, ids: Vec<u64>) -> Turn {
+    Turn {
+        at: Duration::from_millis(at_ms),
+        after,
+        think: Duration::ZERO,
+        max_tokens: 4,
+        prompt: Prompt::Blocks { ids, last_words: 10 },
+    }
+}
+
+#[test]
+fn trace_turns_wait_for_their_offset_and_their_parent() {
+    let fake = Fake::start();
+    // Session a: a follow-up due before its parent can have finished (waits for the parent),
+    // and one due well after (waits for its offset). Session b: a tree (two children of 0).
+    let workload = Workload {
+        name: "trace".into(),
+        synthetic: None,
+        sessions: vec![
+            Session {
+                id: "a".into(),
+                seed: 0,
+                turns: vec![
+                    blocks_turn(0, None, vec![1, 2]),
+                    blocks_turn(1, Some(0), vec![1, 2, 3]),
+                    blocks_turn(150, Some(1), vec![1, 2, 3, 4]),
+                ],
+            },
+            Session {
+                id: "b".into(),
+                seed: 0,
+                turns: vec![
+                    blocks_turn(20, None, vec![9, 8]),
+                    blocks_turn(21, Some(0), vec![9, 8, 7]),
+                    blocks_turn(22, Some(0), vec![9, 8, 6]),
+                ],
+            },
+        ],
+    };
+    let start = fake.clock.now();
+    let result = bench::run_workload(&fake.url, &workload, &options("trace")).expect("runs");
+    assert_eq!((result.all.ok, result.follow_ups.ok), (6, 4));
+    let rate = fake.clock.rate();
+    let seen = fake.seen();
+    // Every prompt here is one user message; tell turns apart by arrival within a session.
+    let arrivals = |id: &str| -> Vec<&Seen> {
+        let mut v: Vec<&Seen> = seen.iter().filter(|s| s.session == id).collect();
+        v.sort_by_key(|s| s.arrived);
+        v
+    };
+    let a = arrivals("a");
+    assert_eq!(a.len(), 3);
+    for (k, s) in a.iter().enumerate() {
+        let offset = workload.sessions[0].turns[k].at;
+        assert!(rate.duration(s.arrived - start) + SLACK >= offset, "turn {k} of a came early");
+    }
+    assert!(a[1].arrived >= a[0].answered && a[2].arrived >= a[1].answered);
+    let b = arrivals("b");
+    assert_eq!(b.len(), 3);
+    assert!(b[1].arrived >= b[0].answered && b[2].arrived >= b[0].answered);
+}
+
+#[test]
+fn a_dead_target_is_counted_not_hung() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    drop(listener);
+    let workload = MultiTurn {
+        rate: 50.0,
+        duration: Duration::from_millis(100),
+        turns: 2,
+        think_mean: Duration::ZERO,
+        ..MultiTurn::default()
+    }
+    .workload();
+    let result = bench::run_workload(&url, &workload, &options("dead")).expect("runs");
+    assert_eq!(result.all.ok, 0);
+    assert_eq!(result.errors.get("io").copied(), Some(workload.requests() as u64));
+}

@@ -287,3 +287,54 @@ fn a_dead_target_is_counted_not_hung() {
     assert_eq!(result.all.ok, 0);
     assert_eq!(result.errors.get("io").copied(), Some(workload.requests() as u64));
 }
+
+/// `warmpath bench` as the command line will call it.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: bench::BenchArgs,
+}
+
+#[test]
+fn command_line_replays_mooncake_and_writes_the_report() {
+    use clap::Parser;
+    let fake = Fake::start();
+    let dir = std::env::temp_dir().join(format!("warmpath-bench-cli-{}", std::process::id()));
+    let metrics = format!("{}/metrics", fake.url);
+    let cli = Cli::try_parse_from([
+        "bench",
+        "--target",
+        &fake.url,
+        "--model",
+        "m",
+        "--workload",
+        "mooncake",
+        "--max-requests",
+        "30",
+        "--time-scale",
+        "100",
+        "--engine-metrics",
+        &metrics,
+        "--label",
+        "mooncake replay",
+        "--out",
+        dir.to_str().expect("utf-8 path"),
+        "--no-progress",
+    ])
+    .expect("parses");
+    let code = bench::run(&cli.bench);
+    assert_eq!(format!("{code:?}"), format!("{:?}", std::process::ExitCode::SUCCESS));
+    assert_eq!(fake.seen().len(), 30);
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("mooncake_replay.json")).expect("json written"),
+    )
+    .expect("valid JSON");
+    assert_eq!(json["workload"], "mooncake");
+    assert_eq!(json["all"]["ok"], 30);
+    assert!(std::fs::read_to_string(dir.join("mooncake_replay-ttft.svg"))
+        .expect("svg written")
+        .contains("TTFT"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let bad = Cli::try_parse_from(["bench", "--target", "http://x", "--workload", "nope"]);
+    assert!(bad.is_err());
+}

@@ -10,6 +10,7 @@
 //! - [`ring`]: bounded MPSC rings between threads, with their wake-up protocol.
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
 //! - [`server`]: `warmpath serve`, the dataplane: shards, rings, upstream pools, admin.
+//! - [`sim`]: `warmpath sim`, a simulated vLLM engine (SPEC section 7).
 
 pub mod bench;
 pub mod clock;
@@ -19,3 +20,4 @@ pub mod protocol;
 pub mod ring;
 pub mod scheduler;
 pub mod server;
+pub mod sim;

@@ -1,0 +1,156 @@
+//! The simulated engine's `/metrics`, in the Prometheus text format 0.0.4 under vLLM's names
+//! (V1 engine, `vllm/v1/metrics/loggers.py`), each series labelled `model_name` as vLLM does.
+//!
+//! Latencies are in **simulated engine seconds** (step durations of the step-time model), not
+//! wall-clock seconds: under `--time-scale 10` a request that took 0.1 s of real time reports 1 s,
+//! which is what the modelled GPU would have taken.
+
+use std::fmt::Write;
+
+use super::engine::Engine;
+
+/// `vllm:time_to_first_token_seconds` buckets, as vLLM V1 defines them.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+/// `vllm:e2e_request_latency_seconds` buckets, as vLLM V1 defines them.
+pub const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A fixed-bucket histogram (non-cumulative counts; cumulated when rendered).
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending upper bounds; `+Inf` is implicit).
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, value: f64) {
+        let i = self.bounds.partition_point(|&b| b < value);
+        self.counts[i] += 1;
+        self.sum += value;
+        self.count += 1;
+    }
+
+    /// Observations recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sum of the observations.
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, count) in self.counts.iter().enumerate() {
+            cumulative += count;
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {cumulative}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+fn scalar(out: &mut String, kind: &str, name: &str, labels: &str, help: &str, value: f64) {
+    let _ =
+        writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value:?}");
+}
+
+/// Appends the engine's metrics for `model` to `out`.
+pub fn render(engine: &Engine, model: &str, out: &mut String) {
+    let labels = format!("model_name=\"{}\"", model.replace('\\', "\\\\").replace('"', "\\\""));
+    let l = labels.as_str();
+    let s = engine.stats();
+    let gauge = |out: &mut String, name, help, v: f64| scalar(out, "gauge", name, l, help, v);
+    let counter =
+        |out: &mut String, name, help, v: u64| scalar(out, "counter", name, l, help, v as f64);
+    gauge(
+        out,
+        "vllm:num_requests_running",
+        "Requests in the running batch.",
+        engine.running() as f64,
+    );
+    gauge(
+        out,
+        "vllm:num_requests_waiting",
+        "Requests waiting to be scheduled.",
+        engine.waiting() as f64,
+    );
+    gauge(
+        out,
+        "vllm:kv_cache_usage_perc",
+        "KV cache usage; 1 means 100 percent.",
+        engine.kv_usage(),
+    );
+    counter(
+        out,
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in tokens.",
+        s.prefix_queries,
+    );
+    counter(out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.", s.prefix_hits);
+    counter(
+        out,
+        "vllm:prompt_tokens_total",
+        "Prompt tokens of requests that finished prefill.",
+        s.prompt_tokens,
+    );
+    counter(
+        out,
+        "vllm:generation_tokens_total",
+        "Generation tokens processed.",
+        s.generation_tokens,
+    );
+    counter(out, "vllm:num_preemptions_total", "Cumulative number of preemptions.", s.preemptions);
+    counter(out, "vllm:request_success_total", "Requests finished.", s.finished);
+    s.ttft.render(out, "vllm:time_to_first_token_seconds", l, "Time to first token in seconds.");
+    s.e2e.render(
+        out,
+        "vllm:e2e_request_latency_seconds",
+        l,
+        "End to end request latency in seconds.",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_inf() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        h.observe(0.05);
+        h.observe(0.1);
+        h.observe(0.5);
+        h.observe(5.0);
+        let mut out = String::new();
+        h.render(&mut out, "x", "m=\"a\"", "help");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"0.1\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"1.0\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_count{m=\"a\"} 4\n"), "{out}");
+        assert!(out.contains("x_sum{m=\"a\"} 5.65\n"), "{out}");
+    }
+}

@@ -345,3 +345,35 @@ fn command_line_replays_mooncake_and_writes_the_report() {
     let bad = Cli::try_parse_from(["bench", "--target", "http://x", "--workload", "nope"]);
     assert!(bad.is_err());
 }
+
+/// Against the simulated engine: follow-ups hit the prefix cache their first turn filled (the
+/// prompts extend each other), and their TTFT shows it.
+#[test]
+fn against_the_simulated_engine_follow_ups_hit_the_prefix_cache() {
+    let sim = warmpath::sim::start(warmpath::sim::SimOptions::new()).expect("sim starts");
+    let url = format!("http://{}", sim.addr());
+    let workload = MultiTurn {
+        rate: 10.0,
+        duration: Duration::from_millis(500),
+        turns: 3,
+        system_words: 200,
+        context_words: 1500,
+        new_words: 30,
+        answer_tokens: 8,
+        think_mean: Duration::from_millis(20),
+        seed: 3,
+    }
+    .workload();
+    let mut opts = options("sim");
+    opts.model = "sim-8b".into();
+    opts.engine_metrics = vec![format!("{url}/metrics")];
+    let result = bench::run_workload(&url, &workload, &opts).expect("runs");
+    sim.stop();
+    assert_eq!(result.all.ok as usize, workload.requests(), "errors: {:?}", result.errors);
+    let rate = result.prefix_cache.as_ref().and_then(|c| c.hit_rate).expect("a hit rate");
+    assert!(rate > 0.5, "prefix-cache hit rate {rate}");
+    let first = result.first_turns.ttft_ms.expect("first turns").p50;
+    let follow = result.follow_ups.ttft_ms.expect("follow-ups").p50;
+    assert!(follow < first, "follow-up TTFT p50 {follow} ms, first turns {first} ms");
+    eprintln!("{}", bench::table(std::slice::from_ref(&result)));
+}

@@ -1,5 +1,5 @@
 //! The simulated engine's KV block pool and prefix cache, after vLLM V1's `BlockPool` and
-//! `FreeKVCacheBlockQueue` (`vllm/v1/core/block_pool.rs`, `kv_cache_utils.py`).
+//! `FreeKVCacheBlockQueue` (`vllm/v1/core/block_pool.py`, `kv_cache_utils.py`).
 //!
 //! The pool holds `capacity` blocks of `block_size` tokens, in an arena indexed by `u32`. A
 //! block is either **referenced** (held by one or more running sequences, `refs > 0`) or

@@ -6,6 +6,7 @@
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
 //! - [`control`]: the control thread's sans-IO parts: parsing backends' Prometheus metrics.
+//! - [`demo`]: `warmpath demo`: two simulated engines behind the router, fifo against boost.
 //! - [`protocol`]: sans-IO HTTP/1.1 for the dataplane: heads, chunked bodies, the `model` field.
 //! - [`ring`]: bounded MPSC rings between threads, with their wake-up protocol.
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
@@ -16,6 +17,7 @@ pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod demo;
 pub mod protocol;
 pub mod ring;
 pub mod scheduler;

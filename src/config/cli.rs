@@ -1,6 +1,9 @@
 //! The command line (SPEC 5), parsed with clap's derive API:
 //! - `warmpath serve [--config FILE] [--listen ADDR] [--admin-listen ADDR] [--set KEY=VALUE]...`
 //!   runs the router until SIGTERM or SIGINT, then shuts down as S13 says and exits 0;
+//! - `warmpath demo [...]` compares fifo and session-boost on simulated engines (`crate::demo`);
+//! - `warmpath sim [...]` runs a simulated vLLM engine (`crate::sim`);
+//! - `warmpath bench --target URL [...]` drives a workload and reports (`crate::bench`);
 //! - `warmpath check-config FILE [--set KEY=VALUE]...` loads FILE with the process environment
 //!   and the overrides applied, validates it, and prints the effective configuration.
 //!
@@ -31,6 +34,15 @@ pub struct Cli {
 pub enum Command {
     /// Run the router.
     Serve(ServeArgs),
+    /// Run a simulated vLLM engine (SPEC section 7): OpenAI API, vLLM metrics, prefix cache,
+    /// continuous batching, a step-time model.
+    Sim(crate::sim::SimArgs),
+    /// Start two simulated engines and the router on loopback, run one multi-turn workload with
+    /// `fifo` and with `session-boost`, print the comparison and write a report.
+    Demo(crate::demo::DemoArgs),
+    /// Drive a workload against an OpenAI-compatible URL (SPEC section 8) and report TTFT,
+    /// inter-token and end-to-end latency for first turns and follow-ups.
+    Bench(crate::bench::BenchArgs),
     /// Validate a configuration file (with the environment and --set applied) and print the
     /// effective configuration.
     CheckConfig(CheckConfigArgs),
@@ -86,6 +98,9 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => serve(&args),
+        Command::Sim(args) => crate::sim::run(&args),
+        Command::Demo(args) => crate::demo::run(&args),
+        Command::Bench(args) => crate::bench::run(&args),
         Command::CheckConfig(args) => check_config(&args),
     }
 }

@@ -10,9 +10,11 @@
 //! defaults put the two engines near saturation on this kind of machine — prefill-heavy first
 //! turns arriving faster than two engines clear them alone — so requests queue in the router
 //! and the order it serves them in shows; `--rate` and `--time-scale` move the load. The
-//! defaults (8 sessions per second for 12 s, 4 turns, engines at half the modelled speed) were
-//! chosen on the 2-core development machine: there the engines' decode steps slow down about
-//! 3x under the load (inter-token latency p90 20 ms → 60 ms) and the run takes about a minute.
+//! defaults (8 sessions per second for 10 s, 4 turns, engines at a quarter of the modelled
+//! speed) were chosen on the 2-core development machine by watching `/debug/queue`: at half
+//! speed the router's queue stayed empty (the engines batch everything, nothing to reorder);
+//! at a quarter the engines saturate, requests queue in the router and the strategies differ.
+//! The whole demo takes about a minute and a half there.
 
 use std::fmt::Write as _;
 use std::io;
@@ -28,7 +30,7 @@ use crate::sim::{self, RunningSim, SimOptions};
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// How long sessions keep arriving, per strategy (the run then waits for their last turns).
-    #[arg(long, default_value = "12s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
     /// New sessions per second.
     #[arg(long, default_value_t = 8.0)]
@@ -38,7 +40,7 @@ pub struct DemoArgs {
     pub turns: u32,
     /// Simulated seconds per real second in the engines (below 1: slower than the modelled
     /// GPU, so fewer requests saturate them and the machine has room for everything else).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.25)]
     pub time_scale: f64,
     /// Where to write the report (created; default `warmpath-demo/` in the current directory).
     #[arg(long, value_name = "DIR", default_value = "warmpath-demo")]

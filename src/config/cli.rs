@@ -105,9 +105,19 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     }
 }
 
+/// SIGTERM and SIGINT as an iterator, for a subcommand that runs until told to stop. Call it
+/// before starting any thread, so no signal arrives before it is handled. On failure the
+/// error is printed and the exit code returned.
+pub fn termination_signals() -> Result<signal_hook::iterator::Signals, ExitCode> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|error| {
+        eprintln!("error: installing signal handlers: {error}");
+        ExitCode::FAILURE
+    })
+}
+
 /// `warmpath serve`.
 fn serve(args: &ServeArgs) -> ExitCode {
-    use signal_hook::consts::{SIGINT, SIGTERM};
     let overrides = Overrides {
         listen: args.listen.clone(),
         admin_listen: args.admin_listen.clone(),
@@ -120,13 +130,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Signals are blocked into an iterator before any thread starts, so none is missed.
-    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT]) {
+    let mut signals = match termination_signals() {
         Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("error: installing signal handlers: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let running = match crate::server::start(config) {
         Ok(running) => running,

@@ -189,7 +189,6 @@ impl SimArgs {
 
 /// Runs `warmpath sim` until SIGTERM or SIGINT.
 pub fn run(args: &SimArgs) -> ExitCode {
-    use signal_hook::consts::{SIGINT, SIGTERM};
     let options = match args.options() {
         Ok(options) => options,
         Err(error) => {
@@ -197,12 +196,9 @@ pub fn run(args: &SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT]) {
+    let mut signals = match crate::config::cli::termination_signals() {
         Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("error: installing signal handlers: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let (model, scale, p) = (options.model.clone(), options.time_scale, options.params);
     let running = match start(options) {

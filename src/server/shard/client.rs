@@ -1,0 +1,540 @@
+//! The client side of a shard: reading requests, routing them, queueing them with their
+//! scheduler, acting on its decisions, answering, and ending requests (S10, S12, S14).
+
+use super::*;
+
+impl Shard {
+    // ----- client side -----
+
+    /// Reads what the client sent, then moves its request along.
+    pub(super) fn read_client(&mut self, key: usize) {
+        loop {
+            let limit = self.read_limit(key);
+            let c = self.client(key);
+            // Whether the socket is known to be empty; if the read stopped at the limit
+            // instead, bytes may wait that no new edge will announce.
+            let mut drained = false;
+            while !c.gone && c.rlen < limit {
+                if c.rbuf.len() == c.rlen {
+                    let grow = c.rbuf.len().clamp(4096, READ_CHUNK);
+                    c.rbuf.resize(c.rbuf.len() + grow, 0);
+                }
+                let end = c.rbuf.len().min(limit);
+                let want = end - c.rlen;
+                match c.stream.read(&mut c.rbuf[c.rlen..end]) {
+                    Ok(0) => c.gone = true,
+                    Ok(n) => {
+                        c.rlen += n;
+                        if n < want && !c.hup {
+                            // A short read drained the socket: the next byte brings a new
+                            // edge, so the read that would only say EAGAIN is skipped.
+                            drained = true;
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        drained = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => c.gone = true,
+                }
+            }
+            c.undrained = !drained && !c.gone;
+            let (gone, filled) = (c.gone, c.rlen);
+            self.advance(key);
+            // Read on only when the read stopped at a limit that the new phase raised (a
+            // parsed head lets its body in; a dispatched request, the next head).
+            if drained || gone || !self.conns.contains(key) || self.read_limit(key) <= filled {
+                return;
+            }
+        }
+    }
+
+    /// How many bytes the client's buffer may hold now: a request being read may fill its
+    /// limits (the parser reports the overflow); later phases keep room for one pipelined head.
+    pub(super) fn read_limit(&self, key: usize) -> usize {
+        let Some(Conn::Client(c)) = self.conns.get(key) else { return 0 };
+        let limits = &self.shared.limits;
+        let head_max = limits.max_header_bytes;
+        match (c.phase, &c.req) {
+            (Phase::Head, _) => head_max + 1,
+            (Phase::Body, Some(req)) => match req.head.framing {
+                Framing::ContentLength(n) => req.head.head_len + n as usize,
+                // Chunk framing adds bytes; the decoder enforces the decoded limit.
+                _ => usize::MAX,
+            },
+            (_, Some(req)) => req.raw_len + head_max,
+            _ => head_max,
+        }
+    }
+
+    /// Moves the client's request through the phases as far as its bytes allow.
+    pub(super) fn advance(&mut self, key: usize) {
+        loop {
+            let phase = self.client(key).phase;
+            let progressed = match phase {
+                Phase::Head => self.parse_head(key),
+                Phase::Body => self.read_body(key),
+                Phase::Queued | Phase::Upstream(_) | Phase::Done => false,
+            };
+            if !self.conns.contains(key) {
+                return;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let c = self.client(key);
+        if c.gone {
+            self.client_gone(key);
+        }
+    }
+
+    pub(super) fn parse_head(&mut self, key: usize) -> bool {
+        let limits = &self.shared.limits;
+        let Conn::Client(c) = &mut self.conns[key] else { return false };
+        if c.rlen == 0 {
+            return false;
+        }
+        let parsed = parse_request_head(&c.rbuf[..c.rlen], limits);
+        let now = self.clock.now();
+        match parsed {
+            Err(e) => {
+                self.protocol_error(key, e, None);
+                false
+            }
+            Ok(None) => {
+                // Bytes of a head arrived: the header timeout runs from the first of them.
+                if c.req.is_none() && !c.gone {
+                    let deadline = now + self.timeouts.header;
+                    if self.wheel_deadline(key).is_none_or(|d| d > deadline) {
+                        self.set_timer(key, Some(deadline));
+                    }
+                }
+                false
+            }
+            Ok(Some(head)) => {
+                let expect = head.expect_continue && head.framing != Framing::None;
+                let keep_alive = head.keep_alive;
+                let decoder = (head.framing == Framing::Chunked)
+                    .then(|| ChunkedDecoder::new(limits.chunked(), Side::Downstream));
+                let raw_len = head.head_len;
+                c.req = Some(Box::new(Request {
+                    head,
+                    id: RequestId(0),
+                    model: None,
+                    decoder,
+                    decoded: Vec::new(),
+                    raw_len,
+                    started: now,
+                    streaming: false,
+                    model_token: 0..0,
+                    admission: None,
+                    buffered: 0,
+                    reconnected: false,
+                    forwarded_at: 0,
+                    first_byte_sent: false,
+                    status: 0,
+                    keep_alive,
+                    complete: None,
+                }));
+                c.phase = Phase::Body;
+                if expect {
+                    c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
+                let deadline = now + self.timeouts.body;
+                self.set_timer(key, Some(deadline));
+                if expect {
+                    self.flush_client(key);
+                }
+                true
+            }
+        }
+    }
+
+    /// Checks whether the body is complete; dispatches the request when it is.
+    pub(super) fn read_body(&mut self, key: usize) -> bool {
+        let Conn::Client(c) = &mut self.conns[key] else { return false };
+        let req = c.req.as_mut().expect("a request in the body phase");
+        let complete = match req.head.framing {
+            Framing::None => true,
+            Framing::ContentLength(n) => {
+                let end = req.head.head_len + n as usize;
+                req.raw_len = end;
+                c.rlen >= end
+            }
+            Framing::Chunked => {
+                let decoder = req.decoder.as_mut().expect("a chunked decoder");
+                match decoder.feed(&c.rbuf[req.raw_len..c.rlen], &mut req.decoded) {
+                    Ok(progress) => {
+                        req.raw_len += progress.consumed;
+                        progress.done
+                    }
+                    Err(e) => {
+                        let model = req.model;
+                        self.protocol_error(key, e, model);
+                        return false;
+                    }
+                }
+            }
+        };
+        if !complete {
+            return false;
+        }
+        self.set_timer(key, None);
+        self.dispatch(key);
+        true
+    }
+
+    /// Routes a complete request.
+    pub(super) fn dispatch(&mut self, key: usize) {
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        let req = c.req.as_ref().expect("a request to dispatch");
+        let method = req.head.method(&c.rbuf);
+        let path = req.head.path(&c.rbuf);
+        if method == b"POST" && path.starts_with(b"/v1/") {
+            return self.inference(key);
+        }
+        let shared = Arc::clone(&self.shared);
+        match (method, path) {
+            (b"GET", b"/v1/models") => self.respond(key, 200, &shared.models_json),
+            (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#),
+            (b"GET", b"/readyz") if shared.ready() => {
+                self.respond(key, 200, br#"{"status":"ready"}"#);
+            }
+            (b"GET", b"/readyz") => self.respond(
+                key,
+                503,
+                br#"{"status":"not ready","reason":"a model has no healthy backend"}"#,
+            ),
+            _ => self.router_error(key, 404, "model_not_found", "unknown path", None),
+        }
+    }
+
+    /// An inference request: find its model and session, and queue it.
+    pub(super) fn inference(&mut self, key: usize) {
+        let shared = Arc::clone(&self.shared);
+        let shard = self.index;
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        let req = c.req.as_mut().expect("a request");
+        let body = match req.decoder {
+            Some(_) => &req.decoded[..],
+            None => &c.rbuf[req.head.head_len..req.raw_len],
+        };
+        let field = match find_model(body) {
+            Ok(field) => field,
+            Err(e) => {
+                let message = e.to_string();
+                return self.router_error(key, 400, "invalid_request", &message, None);
+            }
+        };
+        let Some(&model) = shared.by_name.get(&*field.value) else {
+            let message = format!("model {:?} is not configured", &*field.value);
+            return self.router_error(key, 404, "model_not_found", &message, None);
+        };
+        let streaming = field.stream;
+        let token = field.token.clone();
+        let body_len = body.len();
+        req.model = Some(model);
+        req.streaming = streaming;
+        req.model_token = token;
+        let m = &shared.models[usize::from(model)];
+        let session = if m.session_header == shared.limits.session_header {
+            Ok(req.head.session_id(&c.rbuf))
+        } else {
+            session_value(req.head.headers.get(&c.rbuf, &m.session_header))
+        };
+        let session = match session {
+            Ok(session) => session.map(hash_session),
+            Err(message) => {
+                return self.router_error(key, 400, "invalid_request", message, Some(model));
+            }
+        };
+        if shared.shutting_down.load(Ordering::Acquire) {
+            return self.router_error(key, 503, "unavailable", "shutting down", Some(model));
+        }
+        let held = req.raw_len as u64 + req.decoded.len() as u64;
+        if self.buffered + held > shared.config.server.max_buffered_bytes {
+            let message = "buffered request bytes budget exhausted";
+            return self.router_error(key, 503, "unavailable", message, Some(model));
+        }
+        self.serial += 1;
+        let serial = self.serial << KEY_BITS | key as u64;
+        let id = RequestId::new(shard, serial);
+        let arrival = Arrival {
+            id,
+            session,
+            prompt_tokens: u32::try_from(body_len / 4).unwrap_or(u32::MAX),
+            streaming: req.streaming,
+        };
+        if m.inbox.push_quiet(Input::Arrive(arrival)).is_err() {
+            let message = "the model's scheduler inbox is full";
+            return self.router_error(key, 503, "unavailable", message, Some(model));
+        }
+        self.dirty[usize::from(model)] = true;
+        req.id = id;
+        req.buffered = held;
+        c.phase = Phase::Queued;
+        self.buffered += held;
+        ShardMetrics::set(&self.metrics.buffered, self.buffered);
+    }
+
+    /// A scheduler's decision about one of this shard's requests.
+    pub(super) fn decision(&mut self, output: Output) {
+        let id = match output {
+            Output::Admit { id, .. } | Output::Reject { id, .. } => id,
+        };
+        let key = (id.0 & ((1 << KEY_BITS) - 1)) as usize;
+        let Some(Conn::Client(c)) = self.conns.get_mut(key) else { return };
+        let current = c.phase == Phase::Queued && c.req.as_ref().is_some_and(|r| r.id == id);
+        if !current {
+            // The client left (a Cancel is on its way or was handled): nothing to do.
+            return;
+        }
+        let req = c.req.as_mut().expect("queued request");
+        self.buffered -= std::mem::take(&mut req.buffered);
+        ShardMetrics::set(&self.metrics.buffered, self.buffered);
+        let model = req.model;
+        match output {
+            Output::Admit { backend, lane, waited, .. } => {
+                req.admission = Some(Admission { backend, lane, waited });
+                if let Some(m) = model {
+                    let wait = self.rate.duration(waited);
+                    self.metrics.models[usize::from(m)].queue_wait[lane as usize].observe(wait);
+                }
+                self.forward(key);
+            }
+            Output::Reject { reason, .. } => {
+                let (status, code, message) = match reason {
+                    RejectReason::QueueTimeout => {
+                        (504, "queue_timeout", "waited in the queue longer than queue.timeout")
+                    }
+                    RejectReason::QueueFull => (429, "queue_full", "the model's queue is full"),
+                    RejectReason::ShuttingDown => (503, "unavailable", "shutting down"),
+                    RejectReason::RetriesExhausted => {
+                        (502, "upstream_error", "no backend could take the request")
+                    }
+                };
+                self.router_error(key, status, code, message, model);
+            }
+        }
+    }
+
+    /// Writes a router answer with `status` and a JSON error body, then ends the request.
+    pub(super) fn router_error(
+        &mut self,
+        key: usize,
+        status: u16,
+        code: &str,
+        message: &str,
+        model: Option<u16>,
+    ) {
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        let keep_alive = c.req.as_ref().is_some_and(|r| r.keep_alive) && !c.closing;
+        let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
+        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
+        let keep_alive = keep_alive && !shutting;
+        match connection_header(version, keep_alive) {
+            Some(h) => write_error(status, code, message, &mut c.wbuf, &[h]),
+            None => write_error(status, code, message, &mut c.wbuf, &[]),
+        }
+        self.finish_response(key, status, keep_alive, model);
+    }
+
+    /// Writes a router answer with `status` and a JSON body, then ends the request.
+    pub(super) fn respond(&mut self, key: usize, status: u16, body: &[u8]) {
+        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        let keep_alive = c.req.as_ref().is_some_and(|r| r.keep_alive) && !shutting;
+        let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
+        let w = &mut c.wbuf;
+        w.extend_from_slice(b"HTTP/1.1 ");
+        w.extend_from_slice(status.to_string().as_bytes());
+        w.push(b' ');
+        w.extend_from_slice(crate::protocol::reason_phrase(status).as_bytes());
+        w.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
+        w.extend_from_slice(body.len().to_string().as_bytes());
+        w.extend_from_slice(b"\r\n");
+        if let Some((name, value)) = connection_header(version, keep_alive) {
+            w.extend_from_slice(name.as_bytes());
+            w.extend_from_slice(b": ");
+            w.extend_from_slice(value);
+            w.extend_from_slice(b"\r\n");
+        }
+        w.extend_from_slice(b"\r\n");
+        w.extend_from_slice(body);
+        self.finish_response(key, status, keep_alive, None);
+    }
+
+    /// A framing error: answer and close (the connection cannot be trusted).
+    pub(super) fn protocol_error(&mut self, key: usize, e: ProtocolError, model: Option<u16>) {
+        let c = self.client(key);
+        write_protocol_error(e, &mut c.wbuf);
+        self.finish_response(key, e.status(), false, model);
+    }
+
+    /// The router's response is in the write buffer: count it and flush it.
+    pub(super) fn finish_response(
+        &mut self,
+        key: usize,
+        status: u16,
+        keep_alive: bool,
+        model: Option<u16>,
+    ) {
+        match model {
+            Some(m) => self.metrics.models[usize::from(m)].count_status(status),
+            None => self.metrics.count_other_status(status),
+        }
+        let c = self.client(key);
+        if let Some(req) = c.req.as_mut() {
+            req.status = status;
+            req.keep_alive = keep_alive;
+            req.complete = Some(false);
+        } else {
+            c.closing = true;
+        }
+        c.closing |= !keep_alive;
+        c.phase = Phase::Done;
+        self.set_timer(key, None);
+        self.flush_client(key);
+    }
+
+    /// Writes what the client's buffer holds; ends the request once its response is out.
+    pub(super) fn flush_client(&mut self, key: usize) {
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        let mut progressed = false;
+        while c.wpos < c.wbuf.len() {
+            match c.stream.write(&c.wbuf[c.wpos..]) {
+                Ok(0) => {
+                    c.gone = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.wpos += n;
+                    progressed = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    c.gone = true;
+                    break;
+                }
+            }
+        }
+        if c.wpos == c.wbuf.len() {
+            c.wbuf.clear();
+            c.wpos = 0;
+        }
+        if c.gone {
+            return self.client_gone(key);
+        }
+        let pending = c.wbuf.len() - c.wpos;
+        // A client that stops reading its response: the send timeout is `idle_timeout`, from
+        // the last byte it accepted.
+        let sending = matches!(c.phase, Phase::Upstream(_) | Phase::Done);
+        if sending && pending > 0 && (progressed || c.timer.is_none()) {
+            let deadline = self.clock.now() + self.timeouts.idle;
+            self.set_timer(key, Some(deadline));
+        } else if sending && pending == 0 && c.timer.is_some() {
+            self.set_timer(key, None);
+        }
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        match c.phase {
+            Phase::Done if pending == 0 => self.end_request(key),
+            Phase::Upstream(up) if pending < CLIENT_HIGH_WATER / 2 => {
+                if matches!(self.conns.get(up), Some(Conn::Upstream(u)) if u.paused) {
+                    self.upstream(up).paused = false;
+                    self.upstream_readable(up);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The response is flushed: report the end to the scheduler, then serve the next request
+    /// on the connection or close it.
+    pub(super) fn end_request(&mut self, key: usize) {
+        let now = self.clock.now();
+        let c = self.client(key);
+        let Some(req) = c.req.take() else {
+            return self.close_client(key);
+        };
+        if let (Some(admission), Some(model)) = (req.admission, req.model) {
+            let success = req.complete == Some(true);
+            let _ = admission;
+            self.send(model, Input::Complete { id: req.id, success });
+        }
+        if let Some(model) = req.model {
+            let elapsed = self.rate.duration(now.saturating_sub(req.started));
+            self.metrics.models[usize::from(model)].duration.observe(elapsed);
+        }
+        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
+        let c = self.client(key);
+        let closing = c.closing || !req.keep_alive || shutting;
+        if closing {
+            return self.close_client(key);
+        }
+        // Drop the request's bytes; a pipelined request may follow.
+        let used = req.raw_len.min(c.rlen);
+        c.rbuf.copy_within(used..c.rlen, 0);
+        c.rlen -= used;
+        c.phase = Phase::Head;
+        if c.rbuf.len() > KEEP_BUFFER_MAX && c.rlen < READ_CHUNK {
+            c.rbuf.truncate(READ_CHUNK);
+            c.rbuf.shrink_to(READ_CHUNK);
+        }
+        let pending = c.rlen > 0;
+        let undrained = c.undrained;
+        let deadline = now + if pending { self.timeouts.header } else { self.timeouts.idle };
+        self.set_timer(key, Some(deadline));
+        // A pipelined request may be buffered, or bytes may wait in the socket that no edge
+        // will announce (the last read stopped at the limit): the loop reads the connection
+        // again, not this call, so a long pipeline is served iteratively, not by recursion.
+        // Otherwise the next request's bytes will come with a new edge.
+        if pending || undrained {
+            self.again.push(key);
+        }
+    }
+
+    /// The client closed or failed: drop its request the way its phase requires (S10).
+    pub(super) fn client_gone(&mut self, key: usize) {
+        let Some(Conn::Client(c)) = self.conns.get_mut(key) else { return };
+        c.gone = true;
+        let phase = c.phase;
+        let req = c.req.take();
+        if let Some(mut req) = req {
+            self.buffered -= std::mem::take(&mut req.buffered);
+            ShardMetrics::set(&self.metrics.buffered, self.buffered);
+            match (phase, req.model) {
+                (Phase::Queued, Some(model)) => {
+                    ShardMetrics::bump(&self.metrics.clients_gone);
+                    self.send(model, Input::Cancel(req.id));
+                }
+                (Phase::Upstream(up), Some(model)) => {
+                    ShardMetrics::bump(&self.metrics.clients_gone);
+                    self.close_upstream(up);
+                    self.send(model, Input::Complete { id: req.id, success: false });
+                }
+                (Phase::Done, Some(model)) if req.admission.is_some() => {
+                    self.send(model, Input::Complete { id: req.id, success: false });
+                }
+                _ => {}
+            }
+        }
+        self.close_client(key);
+    }
+
+    pub(super) fn close_client(&mut self, key: usize) {
+        self.set_timer(key, None);
+        if let Some(Conn::Client(mut c)) = self.conns.try_remove(key) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(mut req) = c.req.take() {
+                self.buffered -= std::mem::take(&mut req.buffered);
+                ShardMetrics::set(&self.metrics.buffered, self.buffered);
+            }
+            self.clients -= 1;
+            ShardMetrics::set(&self.metrics.open, self.clients as u64);
+        }
+    }
+}

@@ -245,6 +245,32 @@ pub(crate) fn drive(
     Ok((driver.samples, elapsed.as_secs_f64()))
 }
 
+impl Exchange {
+    /// Turn `turn`'s request, sent at `started`, failing at `deadline`; nothing received yet.
+    fn new(turn: usize, request: Vec<u8>, started: Tick, deadline: Tick) -> Exchange {
+        Exchange {
+            turn,
+            started,
+            deadline,
+            retried: false,
+            request,
+            written: 0,
+            got_bytes: false,
+            status: 0,
+            framing: None,
+            keep_alive: false,
+            event_stream: false,
+            decoder: None,
+            remaining: 0,
+            body: Vec::new(),
+            first: None,
+            last: None,
+            chunks: 0,
+            usage: None,
+        }
+    }
+}
+
 impl Driver<'_> {
     fn run(&mut self) -> io::Result<()> {
         let rate = self.clock.rate();
@@ -313,26 +339,8 @@ impl Driver<'_> {
         .into_bytes();
         request.extend_from_slice(&body);
         let now = self.clock.now();
-        let exchange = Exchange {
-            turn: flat,
-            started: now,
-            deadline: now + self.clock.rate().ticks(o.request_timeout),
-            retried: false,
-            request,
-            written: 0,
-            got_bytes: false,
-            status: 0,
-            framing: None,
-            keep_alive: false,
-            event_stream: false,
-            decoder: None,
-            remaining: 0,
-            body: Vec::new(),
-            first: None,
-            last: None,
-            chunks: 0,
-            usage: None,
-        };
+        let deadline = now + self.clock.rate().ticks(o.request_timeout);
+        let exchange = Exchange::new(flat, request, now, deadline);
         self.inflight += 1;
         self.attach(exchange);
     }
@@ -655,26 +663,7 @@ mod tests {
     }
 
     fn exchange() -> Exchange {
-        Exchange {
-            turn: 0,
-            started: 0,
-            deadline: u64::MAX,
-            retried: false,
-            request: Vec::new(),
-            written: 0,
-            got_bytes: false,
-            status: 0,
-            framing: None,
-            keep_alive: false,
-            event_stream: false,
-            decoder: None,
-            remaining: 0,
-            body: Vec::new(),
-            first: None,
-            last: None,
-            chunks: 0,
-            usage: None,
-        }
+        Exchange::new(0, Vec::new(), 0, u64::MAX)
     }
 
     #[test]

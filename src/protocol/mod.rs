@@ -253,20 +253,23 @@ fn trim(value: &[u8]) -> &[u8] {
     &value[start..end]
 }
 
-/// Appends the decimal digits of `n` (no allocation).
-fn write_decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
+/// The decimal digits of `n`, written at the end of `buf` (no allocation).
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
     loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
+    &buf[start..]
+}
+
+/// Appends the decimal digits of `n` (no allocation).
+fn write_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(decimal(n, &mut [0; 20]));
 }
 
 /// Appends `name: value\r\n`.

@@ -350,11 +350,11 @@ impl Shard {
         let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
         let w = &mut c.wbuf;
         w.extend_from_slice(b"HTTP/1.1 ");
-        w.extend_from_slice(status.to_string().as_bytes());
+        w.extend_from_slice(crate::protocol::decimal(u64::from(status), &mut [0; 20]));
         w.push(b' ');
         w.extend_from_slice(crate::protocol::reason_phrase(status).as_bytes());
         w.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
-        w.extend_from_slice(body.len().to_string().as_bytes());
+        w.extend_from_slice(crate::protocol::decimal(body.len() as u64, &mut [0; 20]));
         w.extend_from_slice(b"\r\n");
         if let Some((name, value)) = connection_header(version, keep_alive) {
             w.extend_from_slice(name.as_bytes());

@@ -761,20 +761,6 @@ fn format_request_id(id: RequestId, buf: &mut [u8; 19]) -> &[u8] {
     &buf[..]
 }
 
-/// `n` in decimal, in `buf`.
-fn format_decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[start..]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -784,8 +770,8 @@ mod tests {
         let mut buf = [0; 19];
         assert_eq!(format_request_id(RequestId(0xab), &mut buf), b"wp-00000000000000ab");
         let mut buf = [0; 20];
-        assert_eq!(format_decimal(0, &mut buf), b"0");
-        assert_eq!(format_decimal(u64::MAX, &mut buf), b"18446744073709551615");
+        assert_eq!(crate::protocol::decimal(0, &mut buf), b"0");
+        assert_eq!(crate::protocol::decimal(u64::MAX, &mut buf), b"18446744073709551615");
     }
 
     #[test]

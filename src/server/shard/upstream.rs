@@ -305,7 +305,7 @@ impl Shard {
                 ClientInfo { version: req.head.version, keep_alive: req.keep_alive && !shutting };
             let admission = req.admission.expect("admitted");
             let mut wait = [0u8; 20];
-            let wait = format_decimal(
+            let wait = crate::protocol::decimal(
                 u64::try_from(self.rate.duration(admission.waited).as_micros()).unwrap_or(u64::MAX),
                 &mut wait,
             );

@@ -3,7 +3,10 @@
 //!
 //! The counters are vLLM's `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`
 //! (tokens; the simulated engine exports the same names). Every series of a name is summed
-//! (an engine may label them per model). Scrapes go through the control thread's blocking
+//! (an engine may label them per model). The simulated engine also exports its busy time and
+//! its simulated clock (`warmpath_sim_busy_seconds_total`, `warmpath_sim_time_seconds_total`),
+//! from which a run states the engines' utilisation; other engines have no such series and
+//! the utilisation is then unknown. Scrapes go through the control thread's blocking
 //! probe ([`crate::control::probe::get`]) with short timeouts.
 
 use std::time::Duration;
@@ -17,6 +20,10 @@ use super::client::split_url;
 pub const HITS: &str = "vllm:prefix_cache_hits_total";
 /// The queries counter.
 pub const QUERIES: &str = "vllm:prefix_cache_queries_total";
+/// The simulated engine's busy time.
+pub const BUSY: &str = "warmpath_sim_busy_seconds_total";
+/// The simulated engine's clock.
+pub const SIM_TIME: &str = "warmpath_sim_time_seconds_total";
 
 /// Prefix-cache counters of one engine (or a sum of several).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -25,6 +32,8 @@ pub struct Counters {
     pub hits: f64,
     /// Sum of the queries series.
     pub queries: f64,
+    /// Busy and elapsed simulated seconds, summed over engines, when every engine exports them.
+    pub busy: Option<(f64, f64)>,
 }
 
 /// Sums every sample of `name` in Prometheus text `text` (comments skipped; a sample line is
@@ -66,19 +75,21 @@ pub fn scrape(url: &str, clock: &Clock) -> Result<Counters, String> {
         return Err(format!("{url}: status {status}"));
     }
     let text = String::from_utf8_lossy(&body);
+    let busy = sum_metric(&text, BUSY).zip(sum_metric(&text, SIM_TIME));
     match (sum_metric(&text, HITS), sum_metric(&text, QUERIES)) {
-        (Some(hits), Some(queries)) => Ok(Counters { hits, queries }),
+        (Some(hits), Some(queries)) => Ok(Counters { hits, queries, busy }),
         _ => Err(format!("{url}: no {HITS} / {QUERIES}")),
     }
 }
 
 /// Scrapes every URL and sums; the first failure is the error.
 pub fn scrape_all(urls: &[String], clock: &Clock) -> Result<Counters, String> {
-    let mut sum = Counters::default();
+    let mut sum = Counters { busy: Some((0.0, 0.0)), ..Counters::default() };
     for url in urls {
         let c = scrape(url, clock)?;
         sum.hits += c.hits;
         sum.queries += c.queries;
+        sum.busy = sum.busy.zip(c.busy).map(|(a, b)| (a.0 + b.0, a.1 + b.1));
     }
     Ok(sum)
 }

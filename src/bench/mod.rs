@@ -219,7 +219,11 @@ pub fn run_workload(
     if let (Some(b), Some(a)) = (before, after) {
         let (hits, queries) = (a.hits - b.hits, a.queries - b.queries);
         let hit_rate = (queries > 0.0).then(|| hits / queries);
-        result.prefix_cache = Some(report::PrefixCache { hits, queries, hit_rate });
+        let utilisation = b
+            .busy
+            .zip(a.busy)
+            .and_then(|((busy0, t0), (busy1, t1))| (t1 > t0).then(|| (busy1 - busy0) / (t1 - t0)));
+        result.prefix_cache = Some(report::PrefixCache { hits, queries, hit_rate, utilisation });
     }
     result.notes = notes;
     Ok(result)

@@ -149,6 +149,9 @@ pub struct PrefixCache {
     pub queries: f64,
     /// hits / queries (None when nothing was queried).
     pub hit_rate: Option<f64>,
+    /// The engines' mean utilisation over the run: busy simulated seconds over elapsed
+    /// simulated seconds, summed over engines (simulated engines only; None for others).
+    pub utilisation: Option<f64>,
 }
 
 /// Everything a run found.
@@ -274,10 +277,14 @@ pub fn table(results: &[BenchResult]) -> String {
             Some(_) => "no queries".to_owned(),
             None => "not scraped".to_owned(),
         };
+        let busy = match r.prefix_cache.as_ref().and_then(|c| c.utilisation) {
+            Some(u) => format!("; engines busy {:.1} %", u * 100.0),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
             "{}: {:.2} req/s, {:.0} output tok/s over {:.1} s; not sent {}; errors: {errors}; \
-             prefix-cache hit rate {cache}",
+             prefix-cache hit rate {cache}{busy}",
             r.label, r.requests_per_s, r.output_tokens_per_s, r.elapsed_s, r.not_sent
         );
         for note in &r.notes {

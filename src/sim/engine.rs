@@ -126,6 +126,12 @@ pub struct Stats {
     pub preemptions: u64,
     /// Requests finished.
     pub finished: u64,
+    /// Simulated nanoseconds spent in steps (the engine's busy time: its utilisation is this
+    /// over elapsed simulated time).
+    pub busy_ns: u64,
+    /// Prompt tokens computed by prefill (cached ones excluded; recomputation after preemption
+    /// included).
+    pub prefill_tokens: u64,
     /// Arrival to first token, simulated seconds.
     pub ttft: Histogram,
     /// Arrival to last token, simulated seconds.
@@ -188,6 +194,8 @@ impl Engine {
                 generation_tokens: 0,
                 preemptions: 0,
                 finished: 0,
+                busy_ns: 0,
+                prefill_tokens: 0,
                 ttft: Histogram::new(TTFT_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
             },
@@ -278,6 +286,8 @@ impl Engine {
         plan.duration_ns = p.step_base_ns
             + p.prefill_token_cost_ns * u64::from(plan.prefill_tokens)
             + p.decode_seq_cost_ns * u64::from(plan.decode_seqs);
+        self.stats.busy_ns += plan.duration_ns;
+        self.stats.prefill_tokens += u64::from(plan.prefill_tokens);
         self.in_step = true;
         Some(plan)
     }

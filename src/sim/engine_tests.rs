@@ -224,12 +224,19 @@ fn metrics_move_as_requests_run_and_finish() {
     assert_eq!(engine.stats().ttft.count(), 1);
     assert_eq!(engine.stats().ttft.sum(), plan.duration_ns as f64 / 1e9);
     assert_eq!(engine.stats().e2e.count(), 0);
-    run(&mut engine, plan.duration_ns);
+    let (_, _, end) = run(&mut engine, plan.duration_ns);
     assert_eq!((engine.running(), engine.kv_usage()), (0, 0.0));
     let s = engine.stats();
     assert_eq!((s.e2e.count(), s.finished, s.generation_tokens, s.prompt_tokens), (1, 1, 4, 20));
+    // Busy from 0 to `end` without a gap; the prompt computed once, no cache hit.
+    assert_eq!((s.busy_ns, s.prefill_tokens), (end, 20));
     let mut text = String::new();
-    crate::sim::metrics::render(&engine, "m", &mut text);
+    crate::sim::metrics::render(&engine, "m", 2 * end, &mut text);
+    let busy =
+        format!("warmpath_sim_busy_seconds_total{{model_name=\"m\"}} {:?}", end as f64 / 1e9);
+    let time =
+        format!("warmpath_sim_time_seconds_total{{model_name=\"m\"}} {:?}", 2.0 * end as f64 / 1e9);
+    assert!(text.contains(&busy) && text.contains(&time), "{busy} / {time} missing from\n{text}");
     for line in [
         "vllm:num_requests_running{model_name=\"m\"} 0.0",
         "vllm:prefix_cache_queries_total{model_name=\"m\"} 20.0",

@@ -78,8 +78,9 @@ fn scalar(out: &mut String, kind: &str, name: &str, labels: &str, help: &str, va
         writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value:?}");
 }
 
-/// Appends the engine's metrics for `model` to `out`.
-pub fn render(engine: &Engine, model: &str, out: &mut String) {
+/// Appends the engine's metrics for `model` to `out`; `now_ns` is the simulated time since the
+/// engine started.
+pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
     let labels = format!("model_name=\"{}\"", model.replace('\\', "\\\\").replace('"', "\\\""));
     let l = labels.as_str();
     let s = engine.stats();
@@ -125,6 +126,30 @@ pub fn render(engine: &Engine, model: &str, out: &mut String) {
     );
     counter(out, "vllm:num_preemptions_total", "Cumulative number of preemptions.", s.preemptions);
     counter(out, "vllm:request_success_total", "Requests finished.", s.finished);
+    // Not vLLM's: what a load test needs to state the engine's utilisation.
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    scalar(
+        out,
+        "counter",
+        "warmpath_sim_busy_seconds_total",
+        l,
+        "Simulated seconds spent running steps.",
+        seconds(s.busy_ns),
+    );
+    scalar(
+        out,
+        "counter",
+        "warmpath_sim_time_seconds_total",
+        l,
+        "Simulated seconds since the engine started.",
+        seconds(now_ns),
+    );
+    counter(
+        out,
+        "warmpath_sim_prefill_tokens_total",
+        "Prompt tokens computed by prefill (cache hits excluded).",
+        s.prefill_tokens,
+    );
     s.ttft.render(out, "vllm:time_to_first_token_seconds", l, "Time to first token in seconds.");
     s.e2e.render(
         out,

@@ -345,7 +345,7 @@ impl Server {
             }
             (b"GET", b"/metrics") => {
                 let mut text = String::with_capacity(4096);
-                super::metrics::render(&self.engine, &self.model, &mut text);
+                super::metrics::render(&self.engine, &self.model, now, &mut text);
                 write_response(conn, "text/plain; version=0.0.4; charset=utf-8", &text);
             }
             _ => write_error(404, "not_found", "no such route", &mut conn.wbuf, &[]),

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Scheduling quality on the real traces (issue [3/6]): replays Mooncake and/or RAGPulse through
+# warmpath with two `warmpath sim` engines behind it, for several router configurations and
+# load levels, each run on fresh engines and a fresh router, and writes one bench JSON per run.
+# perf/trace_summary.py turns the JSONs into the tables of perf/RESULTS.md.
+#
+# Load. The engines run at SIM_SCALE simulated seconds per real second (default 4); a trace is
+# replayed at SIM_SCALE x LOAD trace seconds per real second, so LOAD is the offered load
+# relative to the trace's own rate against two engines of the modelled speed. What fraction of
+# the engines' capacity that is was measured, not assumed: every run reports the engines'
+# utilisation (busy simulated time over elapsed simulated time, from the sims'
+# warmpath_sim_busy_seconds_total), and perf/RESULTS.md says which LOAD gives 70, 85 and 95 %.
+#
+# Configurations (CONFIGS, space separated, any of):
+#   fifo-li     queue.strategy = fifo,          routing = least-inflight
+#   fifo-sa     queue.strategy = fifo,          routing = session-affinity
+#   boost-li    queue.strategy = session-boost, routing = least-inflight
+#   boost-sa    queue.strategy = session-boost, routing = session-affinity
+#   kthena      session-boost + session-affinity with kthena's defaults:
+#               inflight_per_backend = 16, prefill_tokens_per_backend = 0
+# Everything else is warmpath's defaults, but metrics_interval = 100ms (real time: 0.4 s of
+# simulated time at SIM_SCALE 4) and one shard.
+#
+# Usage: perf/trace_compare.sh OUT_DIR        (build first: cargo build --release)
+# Environment (defaults): TRACES="mooncake ragpulse" CONFIGS="fifo-li fifo-sa boost-li boost-sa
+#   kthena" LOADS="0.70 0.85 0.95" SIM_SCALE=4 MOONCAKE_WINDOW=300 (trace seconds replayed)
+#   RAGPULSE_WINDOW=604800 (trace seconds: the whole week) RAGPULSE_COMPRESS=1500 (trace
+#   seconds per simulated second at LOAD 1: RAGPulse's own rate is far below two engines')
+#   WARMPATH=target/release/warmpath BASE_PORT=18300 SET="" (extra --set KEY=VALUE for the
+#   router, space separated) ROUNDS=1.
+# Everything listens on 127.0.0.1; every process started is stopped on exit. Progress on
+# stderr; a line per run on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:?usage: perf/trace_compare.sh OUT_DIR}
+TRACES=${TRACES:-mooncake ragpulse}
+CONFIGS=${CONFIGS:-fifo-li fifo-sa boost-li boost-sa kthena}
+LOADS=${LOADS:-0.70 0.85 0.95}
+SIM_SCALE=${SIM_SCALE:-4}
+MOONCAKE_WINDOW=${MOONCAKE_WINDOW:-300}
+RAGPULSE_WINDOW=${RAGPULSE_WINDOW:-604800}
+RAGPULSE_COMPRESS=${RAGPULSE_COMPRESS:-1500}
+WARMPATH=${WARMPATH:-target/release/warmpath}
+BASE_PORT=${BASE_PORT:-18300}
+SET=${SET:-}
+ROUNDS=${ROUNDS:-1}
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+[[ -x $WARMPATH ]] || { log "no $WARMPATH: run cargo build --release"; exit 1; }
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+SIM1=$((BASE_PORT + 1)) SIM2=$((BASE_PORT + 2)) ROUTER=$((BASE_PORT + 10)) ADMIN=$((BASE_PORT + 11))
+
+wait_port() { # wait until something answers GET $1
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  log "nothing answers $1"; return 1
+}
+
+router_config() { # $1 = configuration name
+  local strategy routing extra=""
+  case $1 in
+    fifo-li) strategy=fifo routing=least-inflight ;;
+    fifo-sa) strategy=fifo routing=session-affinity ;;
+    boost-li) strategy=session-boost routing=least-inflight ;;
+    boost-sa) strategy=session-boost routing=session-affinity ;;
+    kthena) strategy=session-boost routing=session-affinity
+            extra=$'inflight_per_backend = 16\nprefill_tokens_per_backend = 0' ;;
+    *) log "unknown configuration $1"; exit 2 ;;
+  esac
+  cat <<EOF
+[server]
+listen = "127.0.0.1:$ROUTER"
+admin_listen = "127.0.0.1:$ADMIN"
+shards = 1
+pin_cores = false
+
+[queue]
+strategy = "$strategy"
+timeout = "300s"
+$extra
+
+[upstream]
+metrics_interval = "100ms"
+
+[[model]]
+name = "sim-8b"
+engine = "vllm"
+routing = "$routing"
+backends = ["127.0.0.1:$SIM1", "127.0.0.1:$SIM2"]
+EOF
+}
+
+one_run() { # $1 trace, $2 config, $3 load, $4 round
+  local trace=$1 config=$2 load=$3 round=$4 compress window
+  local label="$trace-$config-L${load//./}-r$round"
+  case $trace in
+    mooncake) compress=$(python3 -c "print($SIM_SCALE * $load)"); window=$MOONCAKE_WINDOW ;;
+    ragpulse) compress=$(python3 -c "print($SIM_SCALE * $load * $RAGPULSE_COMPRESS)"); window=$RAGPULSE_WINDOW ;;
+  esac
+  local duration
+  duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
+  PIDS=()
+  "$WARMPATH" sim --listen "127.0.0.1:$SIM1" --time-scale "$SIM_SCALE" --seed 1 >"$TMP/sim1.log" 2>&1 &
+  PIDS+=($!)
+  "$WARMPATH" sim --listen "127.0.0.1:$SIM2" --time-scale "$SIM_SCALE" --seed 2 >"$TMP/sim2.log" 2>&1 &
+  PIDS+=($!)
+  router_config "$config" >"$TMP/router.toml"
+  local sets=()
+  for kv in $SET; do sets+=(--set "$kv"); done
+  "$WARMPATH" serve --config "$TMP/router.toml" "${sets[@]}" >"$TMP/router.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "http://127.0.0.1:$SIM1/health"
+  wait_port "http://127.0.0.1:$SIM2/health"
+  wait_port "http://127.0.0.1:$ROUTER/healthz"
+  sleep 0.3 # a first scrape
+  log "$label: $trace x$compress for $duration of replay"
+  "$WARMPATH" bench --target "http://127.0.0.1:$ROUTER" --model sim-8b --workload "$trace" \
+    --time-scale "$compress" --duration "$duration" --no-progress --label "$label" \
+    --engine-metrics "http://127.0.0.1:$SIM1/metrics" \
+    --engine-metrics "http://127.0.0.1:$SIM2/metrics" \
+    --max-inflight 1024 --out "$OUT" >"$TMP/bench.out" 2>"$TMP/bench.err" || true
+  tail -n 4 "$TMP/bench.out"
+  curl -fsS "http://127.0.0.1:$ADMIN/metrics" >"$OUT/$label.router-metrics.txt" 2>/dev/null || true
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for trace in $TRACES; do
+    for load in $LOADS; do
+      for config in $CONFIGS; do
+        one_run "$trace" "$config" "$load" "$round"
+      done
+    done
+  done
+done
+log "done: $OUT"

@@ -369,6 +369,14 @@ pub fn render_metrics(shared: &Shared) -> String {
         family(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {}", sum_shards(shared, pick));
     }
+    family(
+        &mut out,
+        "warmpath_access_log_dropped_total",
+        "counter",
+        "Access-log lines dropped because a shard's buffer was full or the sink failed.",
+    );
+    let dropped: u64 = shared.access_logs.iter().map(|log| log.dropped()).sum();
+    let _ = writeln!(out, "warmpath_access_log_dropped_total {dropped}");
     out
 }
 

@@ -17,6 +17,7 @@
 //! the ring of the shard that owns the request (`Ring<Output, Arc<mio::Waker>>`), waking its
 //! event loop only when it sleeps. Decisions for the hosting shard itself skip the ring.
 
+pub mod access_log;
 pub mod admin;
 pub mod metrics;
 pub mod shard;
@@ -86,6 +87,8 @@ pub struct Shared {
     pub rings: Vec<Arc<ShardRing>>,
     /// Every shard's counters.
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
+    /// Every shard's access-log buffer, by shard index; empty when the log is off.
+    pub access_logs: Vec<Arc<access_log::ShardLog>>,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,
     /// Shards not yet drained; a shard exits when this reaches 0, as it may host a scheduler
@@ -115,6 +118,7 @@ pub struct Running {
     shards: Vec<JoinHandle<()>>,
     control: ControlThread,
     admin: admin::AdminThread,
+    access_log: Option<access_log::LogWriter>,
 }
 
 impl Running {
@@ -155,6 +159,9 @@ impl Running {
         }
         self.admin.stop();
         let _ = self.control.stop();
+        if let Some(log) = self.access_log {
+            log.stop();
+        }
     }
 }
 
@@ -177,6 +184,7 @@ pub fn start(config: Config) -> io::Result<Running> {
     }
     let admin_listener = StdListener::bind(config.server.admin_listen)?;
     let admin_addr = admin_listener.local_addr()?;
+    let access_log = access_log::LogWriter::start(&config.server.access_log, shard_count)?;
 
     let polls = (0..shard_count).map(|_| mio::Poll::new()).collect::<io::Result<Vec<_>>>()?;
     let mut wakers = Vec::with_capacity(shard_count);
@@ -246,6 +254,7 @@ pub fn start(config: Config) -> io::Result<Running> {
         limits,
         rings: rings.clone(),
         shard_metrics,
+        access_logs: access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec()),
         shutting_down: AtomicBool::new(false),
         shards_busy: AtomicUsize::new(shard_count),
         clock: clock.clone(),
@@ -276,7 +285,7 @@ pub fn start(config: Config) -> io::Result<Running> {
         shards.push(handle);
     }
     let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
-    Ok(Running { shared, addr, admin_addr, shards, control, admin })
+    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log })
 }
 
 /// A non-blocking listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so every shard binds the

@@ -138,6 +138,9 @@ impl Shard {
                     status: 0,
                     keep_alive,
                     complete: None,
+                    bytes_out: 0,
+                    ttfb: None,
+                    failure: None,
                 }));
                 c.phase = Phase::Body;
                 if expect {
@@ -413,6 +416,9 @@ impl Shard {
                 Ok(n) => {
                     c.wpos += n;
                     progressed = true;
+                    if let Some(req) = c.req.as_mut() {
+                        req.bytes_out += n as u64;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -469,6 +475,12 @@ impl Shard {
             let elapsed = self.rate.duration(now.saturating_sub(req.started));
             self.metrics.models[usize::from(model)].duration.observe(elapsed);
         }
+        let outcome = match (req.failure, req.ttfb) {
+            (Some(kind), _) => Outcome::UpstreamFailed(kind),
+            (None, Some(_)) => Outcome::Relayed,
+            (None, None) => Outcome::Router,
+        };
+        self.log_request(key, &req, outcome, now);
         let shutting = self.shared.shutting_down.load(Ordering::Acquire);
         let c = self.client(key);
         let closing = c.closing || !req.keep_alive || shutting;
@@ -504,6 +516,7 @@ impl Shard {
         let phase = c.phase;
         let req = c.req.take();
         if let Some(mut req) = req {
+            self.log_request(key, &req, Outcome::ClientGone, self.clock.now());
             self.buffered -= std::mem::take(&mut req.buffered);
             ShardMetrics::set(&self.metrics.buffered, self.buffered);
             match (phase, req.model) {
@@ -536,5 +549,49 @@ impl Shard {
             self.clients -= 1;
             ShardMetrics::set(&self.metrics.open, self.clients as u64);
         }
+    }
+
+    /// Appends the access-log line of `req`, which ended with `outcome` at `now` (a no-op
+    /// when the log is off).
+    pub(super) fn log_request(&mut self, key: usize, req: &Request, outcome: Outcome, now: Tick) {
+        let Some(log) = &self.log else { return };
+        let Some(Conn::Client(c)) = self.conns.get(key) else { return };
+        let shared = &self.shared;
+        let model = req.model.map(|m| &shared.models[usize::from(m)]);
+        let session = match model {
+            Some(m) if m.session_header != shared.limits.session_header => {
+                session_value(req.head.headers.get(&c.rbuf, &m.session_header)).ok().flatten()
+            }
+            _ => req.head.session_id(&c.rbuf),
+        };
+        let mut generated = [0u8; 19];
+        let request_id = match req.head.request_id {
+            Some(span) => Some(span.get(&c.rbuf)),
+            None if req.id.0 != 0 => Some(format_request_id(req.id, &mut generated)),
+            None => None,
+        };
+        let admission = req.admission;
+        let record = access_log::Record {
+            time: crate::clock::wall_time(),
+            request_id,
+            method: req.head.method(&c.rbuf),
+            path: req.head.path(&c.rbuf),
+            model: model.map(|m| m.name.as_str()),
+            session,
+            backend: model
+                .zip(admission)
+                .map(|(m, a)| m.backends[usize::from(a.backend)].authority.as_str()),
+            status: req.status,
+            lane: admission.map(|a| a.lane),
+            queue_wait: admission.map(|a| self.rate.duration(a.waited)),
+            ttfb: req.ttfb.map(|t| self.rate.duration(t)),
+            total: self.rate.duration(now.saturating_sub(req.started)),
+            bytes_in: (req.raw_len.min(c.rlen)) as u64,
+            bytes_out: req.bytes_out,
+            outcome,
+        };
+        self.log_line.clear();
+        access_log::format_line(&record, &mut self.log_line);
+        log.push(&self.log_line);
     }
 }

@@ -42,6 +42,7 @@ use crate::protocol::{
 use crate::scheduler::wheel::{TimerKey, TimerWheel};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
 
+use super::access_log::{self, Outcome, ShardLog};
 use super::metrics::{ShardMetrics, UpstreamError};
 use super::{ShardHost, ShardRing, Shared};
 
@@ -146,6 +147,12 @@ struct Request {
     keep_alive: bool,
     /// The response is complete in `wbuf`; `Some(success)` waits for the flush to report it.
     complete: Option<bool>,
+    /// Response bytes written to the client (the access log's `bytes_out`).
+    bytes_out: u64,
+    /// Forwarded to the backend's response head, once it came.
+    ttfb: Option<Tick>,
+    /// The backend failed after response bytes were relayed (the stream was cut).
+    failure: Option<UpstreamError>,
 }
 
 #[derive(Debug)]
@@ -255,6 +262,9 @@ struct Shard {
     again: Vec<usize>,
     timeouts: Timeouts,
     drain_deadline: Option<Tick>,
+    /// This shard's access-log buffer, when the log is on, and the line being formatted.
+    log: Option<Arc<ShardLog>>,
+    log_line: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -291,6 +301,7 @@ impl Shard {
         setup.poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let pools = shared.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect();
         let now = clock.now();
+        let log = shared.access_logs.get(usize::from(setup.index)).cloned();
         Ok(Shard {
             index: setup.index,
             poll: setup.poll,
@@ -316,6 +327,8 @@ impl Shard {
             dirty: vec![false; model_count],
             timeouts,
             drain_deadline: None,
+            log,
+            log_line: Vec::with_capacity(1024),
         })
     }
 

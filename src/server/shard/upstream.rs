@@ -297,8 +297,9 @@ impl Shard {
                 return self.relay(up);
             }
             let now = self.clock.now();
-            let ttfb = self.rate.duration(now.saturating_sub(req.forwarded_at));
-            self.metrics.models[model].ttfb.observe(ttfb);
+            let ttfb = now.saturating_sub(req.forwarded_at);
+            req.ttfb = Some(ttfb);
+            self.metrics.models[model].ttfb.observe(self.rate.duration(ttfb));
             // During a drain (S13) the connection closes after this response.
             let shutting = shared.shutting_down.load(Ordering::Acquire);
             let client =
@@ -447,6 +448,7 @@ impl Shard {
                     // Bytes were relayed: the status stands; end the stream without its end
                     // (no final chunk) and close.
                     req.complete = Some(false);
+                    req.failure = Some(kind);
                     c.closing = true;
                     c.phase = Phase::Done;
                     self.flush_client(client);

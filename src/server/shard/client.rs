@@ -55,7 +55,7 @@ impl Shard {
     /// limits (the parser reports the overflow); later phases keep room for one pipelined head.
     pub(super) fn read_limit(&self, key: usize) -> usize {
         let Some(Conn::Client(c)) = self.conns.get(key) else { return 0 };
-        let limits = &self.shared.limits;
+        let limits = &self.gen.limits;
         let head_max = limits.max_header_bytes;
         match (c.phase, &c.req) {
             (Phase::Head, _) => head_max + 1,
@@ -92,7 +92,7 @@ impl Shard {
     }
 
     pub(super) fn parse_head(&mut self, key: usize) -> bool {
-        let limits = &self.shared.limits;
+        let limits = &self.gen.limits;
         let Conn::Client(c) = &mut self.conns[key] else { return false };
         if c.rlen == 0 {
             return false;
@@ -199,11 +199,11 @@ impl Shard {
         if method == b"POST" && path.starts_with(b"/v1/") {
             return self.inference(key);
         }
-        let shared = Arc::clone(&self.shared);
+        let gen = Arc::clone(&self.gen);
         match (method, path) {
-            (b"GET", b"/v1/models") => self.respond(key, 200, &shared.models_json),
+            (b"GET", b"/v1/models") => self.respond(key, 200, &gen.models_json),
             (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#),
-            (b"GET", b"/readyz") if shared.ready() => {
+            (b"GET", b"/readyz") if gen.ready() => {
                 self.respond(key, 200, br#"{"status":"ready"}"#);
             }
             (b"GET", b"/readyz") => self.respond(
@@ -218,6 +218,7 @@ impl Shard {
     /// An inference request: find its model and session, and queue it.
     pub(super) fn inference(&mut self, key: usize) {
         let shared = Arc::clone(&self.shared);
+        let gen = Arc::clone(&self.gen);
         let shard = self.index;
         let Conn::Client(c) = &mut self.conns[key] else { return };
         let req = c.req.as_mut().expect("a request");
@@ -232,7 +233,7 @@ impl Shard {
                 return self.router_error(key, 400, "invalid_request", &message, None);
             }
         };
-        let Some(&model) = shared.by_name.get(&*field.value) else {
+        let Some(&model) = gen.by_name.get(&*field.value) else {
             let message = format!("model {:?} is not configured", &*field.value);
             return self.router_error(key, 404, "model_not_found", &message, None);
         };
@@ -242,8 +243,8 @@ impl Shard {
         req.model = Some(model);
         req.streaming = streaming;
         req.model_token = token;
-        let m = &shared.models[usize::from(model)];
-        let session = if m.session_header == shared.limits.session_header {
+        let m = &gen.models[usize::from(model)];
+        let session = if m.session_header == gen.limits.session_header {
             Ok(req.head.session_id(&c.rbuf))
         } else {
             session_value(req.head.headers.get(&c.rbuf, &m.session_header))
@@ -258,7 +259,7 @@ impl Shard {
             return self.router_error(key, 503, "unavailable", "shutting down", Some(model));
         }
         let held = req.raw_len as u64 + req.decoded.len() as u64;
-        if self.buffered + held > shared.config.server.max_buffered_bytes {
+        if self.buffered + held > gen.config.server.max_buffered_bytes {
             let message = "buffered request bytes budget exhausted";
             return self.router_error(key, 503, "unavailable", message, Some(model));
         }
@@ -285,6 +286,8 @@ impl Shard {
 
     /// A scheduler's decision about one of this shard's requests.
     pub(super) fn decision(&mut self, output: Output) {
+        // An admission may name a backend that a reload added and this shard has not seen yet.
+        self.refresh();
         let id = match output {
             Output::Admit { id, .. } | Output::Reject { id, .. } => id,
         };
@@ -556,10 +559,10 @@ impl Shard {
     pub(super) fn log_request(&mut self, key: usize, req: &Request, outcome: Outcome, now: Tick) {
         let Some(log) = &self.log else { return };
         let Some(Conn::Client(c)) = self.conns.get(key) else { return };
-        let shared = &self.shared;
-        let model = req.model.map(|m| &shared.models[usize::from(m)]);
+        let gen = &self.gen;
+        let model = req.model.map(|m| &gen.models[usize::from(m)]);
         let session = match model {
-            Some(m) if m.session_header != shared.limits.session_header => {
+            Some(m) if m.session_header != gen.limits.session_header => {
                 session_value(req.head.headers.get(&c.rbuf, &m.session_header)).ok().flatten()
             }
             _ => req.head.session_id(&c.rbuf),

@@ -10,7 +10,7 @@ use serde_json::Value;
 use support::backend::{Backend, Reply};
 use support::client::{self, chat_request, Conn};
 use support::router::Setup;
-use support::{wait_until, PATIENCE};
+use support::{eventually, wait_until, PATIENCE};
 
 const M: &str = "m";
 
@@ -96,4 +96,141 @@ fn the_access_log_has_a_line_per_request_with_waits_and_bytes() {
     client::wait_idle(router.admin, M);
     let metrics = client::metrics(router.admin);
     assert_eq!(client::metric(&metrics, "warmpath_access_log_dropped_total", &[]), Some(0.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live reconfiguration and /debug/config.
+
+/// `POST /admin/reload`: the status and the JSON body.
+fn reload(router: &support::router::Router) -> (u16, Value) {
+    let response =
+        client::exchange(router.admin, &client::request("POST", "/admin/reload", &[], b""));
+    (response.status, response.json())
+}
+
+fn debug_config(router: &support::router::Router) -> Value {
+    let response = client::get(router.admin, "/debug/config");
+    assert_eq!(response.status, 200, "{}", response.text());
+    response.json()
+}
+
+/// The proof: a reload that adds a backend (it starts receiving traffic), one that
+/// removes a backend (its in-flight response completes, no new request reaches it), and a bad
+/// file (refused with its error, the running configuration kept); `/debug/config` names the
+/// active generation throughout.
+#[test]
+fn a_reload_adds_and_removes_backends_and_refuses_a_bad_file() {
+    let (a, b) = (Backend::start(), Backend::start());
+    let path = temp_path("reload-backends.toml");
+    let one = setup(&[&a]).model_key("routing", "round-robin");
+    let router = one.start_from_file(&path);
+    let config = debug_config(&router);
+    assert_eq!(config["generation"], 1);
+    assert_eq!(config["source"], path.to_str().unwrap());
+    assert_eq!(config["config"]["model"][0]["backends"], serde_json::json!([a.address()]));
+
+    // Added: b takes its share of the next requests.
+    let two = setup(&[&a, &b]).model_key("routing", "round-robin");
+    std::fs::write(&path, two.toml()).unwrap();
+    assert_eq!(reload(&router), (200, serde_json::json!({"generation": 2})));
+    for _ in 0..4 {
+        let response = client::exchange(router.addr, &chat_request(M, None, false));
+        assert_eq!(response.status, 200);
+    }
+    assert!(b.request_count() >= 1, "the added backend receives traffic");
+    assert_eq!(a.request_count() + b.request_count(), 4);
+
+    // Removed while it serves a request: that response completes; nothing new reaches it.
+    b.hold();
+    a.hold();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut conn = Conn::open(router.addr);
+        conn.send(&chat_request(M, None, false));
+        held.push(conn);
+    }
+    a.wait_holding(1);
+    b.wait_holding(1);
+    let b_before = b.request_count();
+    std::fs::write(&path, one.toml()).unwrap();
+    assert_eq!(reload(&router).0, 200);
+    eventually("the removed backend is reported not live", || {
+        let backends = client::debug_queue(router.admin)["models"][0]["backends"].clone();
+        backends[1]["live"] == false && backends[0]["live"] == true
+    });
+    b.release_all();
+    a.release_all();
+    for mut conn in held {
+        assert_eq!(conn.response().status, 200, "in-flight responses complete");
+    }
+    for _ in 0..3 {
+        let response = client::exchange(router.addr, &chat_request(M, None, false));
+        assert_eq!(response.status, 200);
+    }
+    assert_eq!(b.request_count(), b_before, "no new request reaches the removed backend");
+    let b_address = b.address();
+    client::wait_metric(router.admin, "warmpath_inflight", &[("backend", &b_address)], |n| {
+        n == 0.0
+    });
+
+    // Refused: the error names the key; generation 3 stays, and still serves.
+    std::fs::write(&path, "[queue]\ntimeout = \"soon\"\n").unwrap();
+    let (status, body) = reload(&router);
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("timeout"), "{body}");
+    assert_eq!(body["generation"], 3);
+    let config = debug_config(&router);
+    assert_eq!(config["generation"], 3);
+    assert_eq!(config["config"]["model"][0]["backends"], serde_json::json!([a.address()]));
+    let response = client::exchange(router.addr, &chat_request(M, None, false));
+    assert_eq!(response.status, 200);
+    client::wait_idle(router.admin, M);
+}
+
+/// A reload adds a model (served at once, listed in `/v1/models`), removes one (404 for new
+/// requests) and changes queue parameters, without dropping a queued request.
+#[test]
+fn a_reload_adds_and_removes_models_and_keeps_queued_requests() {
+    let (a, b) = (Backend::start(), Backend::start());
+    let path = temp_path("reload-models.toml");
+    let first = setup(&[&a]).queue("inflight_per_backend", "1");
+    let router = first.start_from_file(&path);
+    a.hold();
+    let mut occupant = Conn::open(router.addr);
+    occupant.send(&chat_request(M, Some("occupant"), false));
+    a.wait_holding(1);
+    let mut queued = Conn::open(router.addr);
+    queued.send(&chat_request(M, Some("queued"), false));
+    client::wait_queued(router.admin, M, 1);
+
+    let second = setup(&[&a])
+        .queue("inflight_per_backend", "2")
+        .model("m2", &[b.address()])
+        .queue("max_overtakes", "3");
+    std::fs::write(&path, second.toml()).unwrap();
+    assert_eq!(reload(&router).0, 200);
+    // The raised cap admits the queued request: nothing queued was lost.
+    a.wait_holding(2);
+    let response = client::exchange(router.addr, &chat_request("m2", None, false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(b.request_count(), 1);
+    let models = client::get(router.addr, "/v1/models").json();
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [M, "m2"]);
+    let limits = &client::model_queue(router.admin, M)["limits"];
+    assert_eq!(
+        (limits["inflight_per_backend"].as_u64(), limits["max_overtakes"].as_u64()),
+        (Some(2), Some(3))
+    );
+
+    // m removed: new requests 404, its in-flight ones finish.
+    std::fs::write(&path, Setup::new().model("m2", &[b.address()]).toml()).unwrap();
+    assert_eq!(reload(&router).0, 200);
+    let response = client::exchange(router.addr, &chat_request(M, None, false));
+    response.assert_error(404, "model_not_found");
+    a.release_all();
+    assert_eq!(occupant.response().status, 200);
+    assert_eq!(queued.response().status, 200);
+    assert_eq!(debug_config(&router)["generation"], 3);
 }

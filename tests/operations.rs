@@ -234,3 +234,175 @@ fn a_reload_adds_and_removes_models_and_keeps_queued_requests() {
     assert_eq!(queued.response().status, 200);
     assert_eq!(debug_config(&router)["generation"], 3);
 }
+
+// ---------------------------------------------------------------------------------------------
+// /metrics after a scripted sequence.
+
+/// The proof: a retried, three warm-ups, boosted and forced follow-ups, a cancelled and
+/// a timed-out request, then every counter of SPEC 6 that they touch has its exact value.
+#[test]
+fn metrics_count_a_scripted_sequence_exactly() {
+    let backend = Backend::start();
+    let router = setup(&[&backend])
+        .queue("inflight_per_backend", "1")
+        .queue("max_overtakes", "1")
+        .queue("timeout", "1s")
+        .start();
+    let ok = |session: Option<&str>| {
+        let response = client::exchange(router.addr, &chat_request(M, session, false));
+        assert_eq!(response.status, 200, "{}", response.text());
+    };
+    // Retried: reset before any response byte on a fresh connection, then answered.
+    backend.script(Reply::Reset);
+    ok(None);
+    // Warm-ups: sessions A, B, C complete in that order.
+    for (n, session) in (1..).zip(["A", "B", "C"]) {
+        ok(Some(session));
+        eventually("the session is tracked", || {
+            client::model_queue(router.admin, M)["sessions_tracked"].as_u64() == Some(n)
+        });
+    }
+    // Boosted and forced: behind an occupant, follow-ups A, B, C wait; C (most recent) goes
+    // first, boosted; that overtakes A and B once each, so both are then forced (S4), in
+    // arrival order.
+    backend.hold();
+    let mut occupant = Conn::open(router.addr);
+    occupant.send(&chat_request(M, None, false));
+    backend.wait_holding(1);
+    let mut follow_ups = Vec::new();
+    for (n, session) in (1..).zip(["A", "B", "C"]) {
+        let mut conn = Conn::open(router.addr);
+        conn.send(&chat_request(M, Some(session), false));
+        client::wait_queued(router.admin, M, n);
+        follow_ups.push(conn);
+    }
+    let before = backend.request_count();
+    let mut order = Vec::new();
+    for n in 1..=3 {
+        backend.release(1);
+        let requests = backend.wait_for_requests(before + n, PATIENCE);
+        order.push(requests.last().unwrap().session.clone().unwrap());
+    }
+    assert_eq!(order, ["C", "A", "B"]);
+    // The occupant, C and A were released; B is held while two more queue behind it.
+    let mut b = follow_ups.remove(1);
+    for mut conn in follow_ups.into_iter().chain([occupant]) {
+        assert_eq!(conn.response().status, 200);
+    }
+    // Cancelled: queued behind B, the client leaves. Timed out: queued past 1 s.
+    let mut cancelled = Conn::open(router.addr);
+    cancelled.send(&chat_request(M, None, false));
+    client::wait_queued(router.admin, M, 1);
+    drop(cancelled);
+    client::wait_metric(router.admin, "warmpath_queue_cancelled_total", &[("model", M)], |n| {
+        n == 1.0
+    });
+    let late = client::exchange(router.addr, &chat_request(M, None, false));
+    late.assert_error(504, "queue_timeout");
+    backend.release_all();
+    assert_eq!(b.response().status, 200);
+    client::wait_idle(router.admin, M);
+
+    let text = wait_until("the last completion counted", PATIENCE, || {
+        let text = client::metrics(router.admin);
+        let done = client::metric(&text, "warmpath_requests_total", &[("status", "200")]);
+        (done == Some(8.0)).then_some(text)
+    });
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        let mut labels = labels.to_vec();
+        labels.push(("model", M));
+        client::metric(&text, name, &labels).unwrap_or_else(|| panic!("{name}{labels:?}"))
+    };
+    let expected: [(&str, &[(&str, &str)], f64); 17] = [
+        ("warmpath_requests_total", &[("status", "200")], 8.0),
+        ("warmpath_requests_total", &[("status", "504")], 1.0),
+        ("warmpath_admitted_total", &[("lane", "retry")], 1.0),
+        ("warmpath_admitted_total", &[("lane", "normal")], 5.0),
+        ("warmpath_admitted_total", &[("lane", "boosted")], 1.0),
+        ("warmpath_admitted_total", &[("lane", "forced")], 2.0),
+        ("warmpath_forced_total", &[], 2.0),
+        ("warmpath_retries_total", &[], 1.0),
+        ("warmpath_upstream_errors_total", &[("kind", "reset")], 1.0),
+        ("warmpath_queue_timeouts_total", &[], 1.0),
+        ("warmpath_queue_cancelled_total", &[], 1.0),
+        ("warmpath_queue_rejected_total", &[("reason", "queue_full")], 0.0),
+        ("warmpath_affinity_hits_total", &[], 3.0),
+        ("warmpath_sessions_tracked", &[], 3.0),
+        ("warmpath_queue_wait_seconds_count", &[("lane", "forced")], 2.0),
+        ("warmpath_upstream_ttfb_seconds_count", &[], 8.0),
+        ("warmpath_request_duration_seconds_count", &[], 9.0),
+    ];
+    for (name, labels, want) in expected {
+        assert_eq!(value(name, labels), want, "{name}{labels:?}");
+    }
+    assert_eq!(client::metric(&text, "warmpath_clients_gone_total", &[]), Some(1.0));
+    for lane in ["boosted", "normal", "forced"] {
+        assert_eq!(value("warmpath_queue_depth", &[("lane", lane)]), 0.0);
+    }
+    assert_eq!(value("warmpath_inflight", &[]), 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary: SIGHUP reloads, SIGTERM drains (S13).
+
+/// `warmpath serve --config FILE`: SIGHUP reloads the file (a model appears); SIGTERM with one
+/// streaming response in flight and one request queued answers the queued one 503 at once,
+/// lets the stream run to its end, and exits 0.
+#[test]
+fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
+    use std::net::SocketAddr;
+    use std::process::{Command, Stdio};
+
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let path = temp_path("binary.toml");
+    let (listen, admin) =
+        (support::backend::refusing_address(), support::backend::refusing_address());
+    let first = setup(&[&backend])
+        .server("listen", &listen)
+        .server("admin_listen", &admin)
+        .server("drain_timeout", "5s")
+        .queue("inflight_per_backend", "1");
+    std::fs::write(&path, first.toml()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
+    command.args(["serve", "--config", path.to_str().unwrap()]);
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    for (variable, _) in warmpath::config::ENV_VARS {
+        command.env_remove(variable);
+    }
+    let mut child = command.spawn().expect("the binary starts");
+    let signal = |name: &str| {
+        let status =
+            Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status();
+        assert!(status.unwrap().success());
+    };
+    let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
+    wait_until("the binary to listen", PATIENCE, || std::net::TcpStream::connect(addr).ok());
+
+    std::fs::write(&path, first.clone().model("m2", &[backend.address()]).toml()).unwrap();
+    signal("HUP");
+    eventually("the reloaded model is listed", || {
+        client::get(addr, "/v1/models").text().contains("\"m2\"")
+    });
+    assert_eq!(client::get(admin, "/debug/config").json()["generation"], 2);
+
+    let mut streaming = Conn::open(addr);
+    streaming.send(&chat_request(M, Some("s"), true));
+    let stream = backend.next_stream();
+    assert_eq!(streaming.read_head().unwrap().status, 200);
+    stream.event("one");
+    assert_eq!(streaming.next_event().unwrap().as_deref(), Some("data: one"));
+    let mut queued = Conn::open(addr);
+    queued.send(&chat_request(M, None, false));
+    client::wait_queued(admin, M, 1);
+
+    signal("TERM");
+    queued.response().assert_error(503, "unavailable");
+    stream.event("two");
+    assert_eq!(streaming.next_event().unwrap().as_deref(), Some("data: two"));
+    stream.done();
+    assert_eq!(streaming.next_event().unwrap().as_deref(), Some("data: [DONE]"));
+    assert_eq!(streaming.next_event().unwrap(), None, "the stream ends cleanly");
+    let status = wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("try_wait"));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

@@ -313,7 +313,8 @@ fn metrics_count_a_scripted_sequence_exactly() {
         labels.push(("model", M));
         client::metric(&text, name, &labels).unwrap_or_else(|| panic!("{name}{labels:?}"))
     };
-    let expected: [(&str, &[(&str, &str)], f64); 17] = [
+    type Expected<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
+    let expected: [Expected; 17] = [
         ("warmpath_requests_total", &[("status", "200")], 8.0),
         ("warmpath_requests_total", &[("status", "504")], 1.0),
         ("warmpath_admitted_total", &[("lane", "retry")], 1.0),

@@ -184,6 +184,11 @@ fn a_reload_adds_and_removes_backends_and_refuses_a_bad_file() {
     assert_eq!(config["config"]["model"][0]["backends"], serde_json::json!([a.address()]));
     let response = client::exchange(router.addr, &chat_request(M, None, false));
     assert_eq!(response.status, 200);
+    let metrics = client::metrics(router.admin);
+    assert_eq!(client::metric(&metrics, "warmpath_config_generation", &[]), Some(3.0));
+    assert_eq!(client::metric(&metrics, "warmpath_config_reloads_refused_total", &[]), Some(1.0));
+    let up = [("model", M), ("backend", b_address.as_str())];
+    assert_eq!(client::metric(&metrics, "warmpath_backend_up", &up), Some(0.0), "removed");
     client::wait_idle(router.admin, M);
 }
 

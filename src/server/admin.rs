@@ -315,8 +315,8 @@ pub fn render_metrics(shared: &Shared) -> String {
             "Estimated prompt tokens awaiting a first byte (S6.3).",
             |b| b.prefill_tokens,
         ),
-        ("warmpath_backend_up", "1 when healthy and not ejected.", |b| {
-            u64::from(b.healthy && !b.ejected)
+        ("warmpath_backend_up", "1 when configured, healthy and not ejected.", |b| {
+            u64::from(b.healthy && !b.ejected && !b.removed)
         }),
         ("warmpath_backend_waiting", "The engine's last scraped waiting-queue gauge.", |b| {
             u64::from(b.waiting.unwrap_or(0))
@@ -396,6 +396,16 @@ pub fn render_metrics(shared: &Shared) -> String {
     );
     let dropped: u64 = shared.access_logs.iter().map(|log| log.dropped()).sum();
     let _ = writeln!(out, "warmpath_access_log_dropped_total {dropped}");
+    family(&mut out, "warmpath_config_generation", "gauge", "The active configuration generation.");
+    let _ = writeln!(out, "warmpath_config_generation {}", gen.number);
+    family(
+        &mut out,
+        "warmpath_config_reloads_refused_total",
+        "counter",
+        "Reloads refused (the file did not load or validate); the active generation stayed.",
+    );
+    let refused = shared.reloads_refused.load(Ordering::Relaxed);
+    let _ = writeln!(out, "warmpath_config_reloads_refused_total {refused}");
     out
 }
 

@@ -85,6 +85,8 @@ pub struct Shared {
     pub control_plan: SharedPlan,
     /// Serialises reloads (SIGHUP and `POST /admin/reload` may race).
     pub reload_lock: Mutex<()>,
+    /// Reloads refused so far.
+    pub reloads_refused: AtomicU64,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,
     /// Shards not yet drained; a shard exits when this reaches 0, as it may host a scheduler
@@ -241,6 +243,7 @@ pub fn start_with_source(config: Config, source: Option<ConfigSource>) -> io::Re
         access_logs: access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec()),
         control_plan: Arc::new(Mutex::new(Arc::new(plan))),
         reload_lock: Mutex::new(()),
+        reloads_refused: AtomicU64::new(0),
         shutting_down: AtomicBool::new(false),
         shards_busy: AtomicUsize::new(shard_count),
         clock: clock.clone(),

@@ -30,10 +30,13 @@ pub fn reload(shared: &Shared) -> Result<u64, String> {
     let result = try_reload(shared);
     match &result {
         Ok(number) => eprintln!("warmpath: reload: generation {number} active"),
-        Err(error) => eprintln!(
-            "warmpath: reload refused, generation {} stays: {error}",
-            shared.generation().number
-        ),
+        Err(error) => {
+            shared.reloads_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "warmpath: reload refused, generation {} stays: {error}",
+                shared.generation().number
+            );
+        }
     }
     result
 }

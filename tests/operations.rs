@@ -412,3 +412,32 @@ fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
     let status = wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("try_wait"));
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Docs against the scrape.
+
+/// `docs/metrics.md` lists every family `/metrics` exports, and the Grafana dashboard uses
+/// only families that exist.
+#[test]
+fn the_metrics_doc_and_the_dashboard_match_the_scrape() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let text = client::metrics(router.admin);
+    let families: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    assert!(families.len() > 30, "{families:?}");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let doc = std::fs::read_to_string(format!("{root}/docs/metrics.md")).unwrap();
+    for family in &families {
+        assert!(doc.contains(&format!("`{family}")), "docs/metrics.md does not list {family}");
+    }
+    let dashboard = std::fs::read_to_string(format!("{root}/docs/grafana-dashboard.json")).unwrap();
+    let _: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    for used in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if let Some(name) = used.strip_prefix("warmpath_") {
+            let base = name.trim_end_matches("_bucket");
+            let known = families.iter().any(|f| f.strip_prefix("warmpath_") == Some(base));
+            assert!(known, "the dashboard uses unknown series warmpath_{name}");
+        }
+    }
+}

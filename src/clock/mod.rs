@@ -101,6 +101,14 @@ impl Clock {
     }
 }
 
+/// Wall-clock time since the Unix epoch, for timestamps that leave the process (access-log
+/// lines). Never used to measure durations: those are [`Tick`]s. A clock set before 1970 reads
+/// as the epoch.
+#[allow(clippy::disallowed_methods)]
+pub fn wall_time() -> Duration {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO)
+}
+
 /// The handle that moves a simulated [`Clock`]. Time never goes backwards.
 #[derive(Debug, Clone)]
 pub struct SimClock {

@@ -130,11 +130,20 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = match termination_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(signals) => signals,
-        Err(code) => return code,
+        Err(error) => {
+            eprintln!("error: installing signal handlers: {error}");
+            return ExitCode::FAILURE;
+        }
     };
-    let running = match crate::server::start(config) {
+    let source = args.config.clone().map(|path| crate::server::ConfigSource {
+        path,
+        overrides: overrides.clone(),
+        env: process_env,
+    });
+    let running = match crate::server::start_with_source(config, source) {
         Ok(running) => running,
         Err(error) => {
             eprintln!("error: starting the router: {error}");
@@ -142,12 +151,18 @@ fn serve(args: &ServeArgs) -> ExitCode {
         }
     };
     eprintln!(
-        "warmpath: listening on {} (admin {}); SIGTERM or SIGINT to stop",
+        "warmpath: listening on {} (admin {}); SIGHUP to reload, SIGTERM or SIGINT to stop",
         running.addr(),
         running.admin_addr()
     );
-    if let Some(signal) = signals.forever().next() {
+    for signal in signals.forever() {
+        if signal == SIGHUP {
+            // Logged by the reload itself; a refused file leaves the running configuration.
+            let _ = running.reload();
+            continue;
+        }
         eprintln!("warmpath: signal {signal}: draining (S13)");
+        break;
     }
     running.shutdown();
     running.wait();

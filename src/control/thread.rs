@@ -11,7 +11,7 @@
 //! Between rounds the thread parks; [`ControlThread::stop`] unparks it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -64,6 +64,17 @@ impl ControlSettings {
     }
 }
 
+/// What the thread probes and how: replaced whole on a live reload, read at the start of
+/// each round.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub targets: Vec<Target>,
+    pub settings: ControlSettings,
+}
+
+/// A [`Plan`] that a reload can replace while the thread runs.
+pub type SharedPlan = Arc<Mutex<Arc<Plan>>>;
+
 /// The running control thread.
 #[derive(Debug)]
 pub struct ControlThread {
@@ -78,11 +89,17 @@ impl ControlThread {
         settings: ControlSettings,
         clock: Clock,
     ) -> std::io::Result<ControlThread> {
+        let plan = Arc::new(Mutex::new(Arc::new(Plan { targets, settings })));
+        ControlThread::spawn_with_plan(plan, clock)
+    }
+
+    /// Starts watching what `plan` says, re-read every round.
+    pub fn spawn_with_plan(plan: SharedPlan, clock: Clock) -> std::io::Result<ControlThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let join = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || run(&targets, &settings, &clock, &flag))?;
+            .spawn(move || run(&plan, &clock, &flag))?;
         Ok(ControlThread { stop, join })
     }
 
@@ -95,12 +112,14 @@ impl ControlThread {
     }
 }
 
-fn run(targets: &[Target], settings: &ControlSettings, clock: &Clock, stop: &AtomicBool) -> u64 {
+fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool) -> u64 {
     let mut body = Vec::with_capacity(64 << 10);
     let mut dropped = 0;
     while !stop.load(Ordering::Acquire) {
         let started = clock.now();
-        for target in targets {
+        let round = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
+        let settings = &round.settings;
+        for target in &round.targets {
             if stop.load(Ordering::Acquire) {
                 break;
             }

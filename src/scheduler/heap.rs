@@ -40,6 +40,11 @@ impl IndexedHeap {
         IndexedHeap { slots: Vec::with_capacity(capacity) }
     }
 
+    /// Room for `capacity` entries in all without reallocating (a live reconfiguration).
+    pub fn reserve_total(&mut self, capacity: usize) {
+        self.slots.reserve_exact(capacity.saturating_sub(self.slots.len()));
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.slots.len()

@@ -361,6 +361,84 @@ impl Scheduler {
         self.admit_ready(now, out);
     }
 
+    /// A live reconfiguration (issue [4/6]): applies `params` at `now`, with `live[b]` saying
+    /// whether backend `b` is still configured, and admits what the new limits allow.
+    ///
+    /// - Backends are never renumbered: `params.backends` may only grow (new backends start
+    ///   healthy, like at start); a backend that is not `live` is *removed*: not eligible, not
+    ///   counted in the model's capacity, its in-flight requests finish and release as usual.
+    /// - The arena, id index, heap, hold table and wheel grow when the new limits need more
+    ///   room (an allocation, off the request path); they never shrink. A lowered `max_queued`
+    ///   refuses new arrivals until the queue is below it; a lowered `inflight_per_backend`
+    ///   admits nothing to a backend until its inflight is below it.
+    /// - Grace holds end (their slots return to admission): they were taken under the old caps.
+    /// - A new `queue.timeout` applies to the requests already queued too, measured from when
+    ///   each was enqueued (arrival or retry): every armed deadline shifts by the difference, a
+    ///   uniform shift that keeps the deadline list in order, so it needs no re-sort. A timeout
+    ///   turned on arms every queued request from `now`; turned off, disarms them.
+    /// - `max_sessions` is kept: the tracker's capacity is fixed at start.
+    pub fn reconfigure(
+        &mut self,
+        now: Tick,
+        mut params: Params,
+        live: &[bool],
+        out: &mut Vec<Output>,
+    ) {
+        assert!(params.backends >= self.params.backends, "backends are never renumbered");
+        assert_eq!(live.len(), usize::from(params.backends), "one live flag per backend");
+        assert!(params.inflight_per_backend > 0 && params.max_queued > 0);
+        params.max_sessions = self.params.max_sessions;
+        self.fire_timers(now, out);
+        self.end_holds();
+        let count = usize::from(params.backends);
+        self.backends.resize(count, Backend::NEW);
+        self.eligible.resize(count, false);
+        for (backend, &live) in self.backends.iter_mut().zip(live) {
+            backend.removed = !live;
+        }
+        self.usable = self.backends.iter().filter(|b| b.usable()).count() as u16;
+        let slots = u64::from(params.inflight_per_backend) * u64::from(params.backends);
+        let arena = u64::from(params.max_queued) + slots;
+        assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
+        self.queue.grow(arena as u32);
+        self.holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
+        self.holds.reserve(self.holds_max);
+        self.wheel.reserve(self.holds_max + count);
+        match (self.params.queue_timeout, params.queue_timeout) {
+            (Some(old), Some(new)) if old != new => {
+                self.queue.map_deadlines(|d| d.saturating_sub(old).saturating_add(new));
+            }
+            (Some(_), None) => self.queue.disarm_all_deadlines(),
+            (None, Some(new)) => self.queue.arm_all_deadlines(now.saturating_add(new)),
+            _ => {}
+        }
+        self.gates = Gates {
+            inflight_per_backend: params.inflight_per_backend,
+            prefill_tokens_per_backend: params.prefill_tokens_per_backend,
+            stale_after: params.metrics_stale_after,
+        };
+        self.params = params;
+        self.fire_timers(now, out);
+        self.admit_ready(now, out);
+    }
+
+    /// Ends every grace hold (its slot returns to admission).
+    fn end_holds(&mut self) {
+        // Taken out and put back so that `release_hold` can borrow `self`; the map keeps its
+        // allocation.
+        let mut holds = std::mem::take(&mut self.holds);
+        for (_, hold) in holds.drain() {
+            self.wheel.cancel(hold.timer);
+            self.release_hold(hold.backend);
+        }
+        self.holds = holds;
+    }
+
+    /// Whether `backend` was removed by a reconfiguration.
+    pub fn backend_removed(&self, backend: u16) -> bool {
+        self.backends[usize::from(backend)].removed
+    }
+
     /// The tick at which the next timer fires, for the thread to sleep until.
     pub fn next_wakeup(&self) -> Option<Tick> {
         let resolution = self.wheel.resolution();
@@ -716,14 +794,7 @@ impl Scheduler {
             self.stats.rejected_shutdown += 1;
             out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
         }
-        // Taken out and put back so that `release_hold` can borrow `self`; the map keeps its
-        // allocation.
-        let mut holds = std::mem::take(&mut self.holds);
-        for (_, hold) in holds.drain() {
-            self.wheel.cancel(hold.timer);
-            self.release_hold(hold.backend);
-        }
-        self.holds = holds;
+        self.end_holds();
     }
 
     /// S6: admits queued requests while a backend is eligible.
@@ -863,8 +934,11 @@ impl Scheduler {
             assert_eq!(backend.inflight, inflight[index], "inflight of backend {index}");
             assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");
+            // A reconfiguration may lower the cap under a backend's inflight; no slot is held
+            // then, and none is admitted until it is under the cap again.
             let slots = backend.inflight + backend.holds;
-            assert!(slots <= self.params.inflight_per_backend, "backend {index} over its cap");
+            let over = backend.holds == 0 && backend.inflight >= self.params.inflight_per_backend;
+            assert!(slots <= self.params.inflight_per_backend || over, "backend {index} over cap");
         }
         assert_eq!(self.inflight, inflight.iter().sum::<u32>(), "model inflight");
         assert_eq!(self.held, holds.iter().sum::<u32>(), "model holds");
@@ -874,13 +948,9 @@ impl Scheduler {
         assert_eq!(self.queue.deadlines_armed(), deadlines, "armed queue deadlines");
         let stale = self.backends.iter().filter(|backend| backend.stale_timer.is_some()).count();
         assert_eq!(self.wheel.len(), self.holds.len() + stale, "timer count");
-        assert!(self.queue.queued() <= self.params.max_queued + self.inflight_capacity());
+        assert!(self.queue.queued() + self.inflight <= self.queue.capacity());
         if self.shutting_down {
             assert_eq!(self.queue.queued(), 0, "queued requests after shutdown");
         }
-    }
-
-    fn inflight_capacity(&self) -> u32 {
-        self.params.inflight_per_backend * u32::from(self.params.backends)
     }
 }

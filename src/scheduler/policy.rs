@@ -50,6 +50,9 @@ pub(crate) struct Backend {
     pub scraped_at: Tick,
     /// Fires when a positive waiting gauge goes stale.
     pub stale_timer: Option<TimerKey>,
+    /// Taken out of the configuration by a live reload: no new admissions; its in-flight
+    /// requests finish.
+    pub removed: bool,
 }
 
 impl Backend {
@@ -64,11 +67,12 @@ impl Backend {
         waiting: None,
         scraped_at: 0,
         stale_timer: None,
+        removed: false,
     };
 
-    /// Healthy and not ejected: counts toward the model's capacity (S6a).
+    /// Configured, healthy and not ejected: counts toward the model's capacity (S6a).
     pub fn usable(&self) -> bool {
-        self.healthy && !self.ejected
+        self.healthy && !self.ejected && !self.removed
     }
 
     /// The waiting gauge if it is fresh at `now`.

@@ -256,6 +256,54 @@ impl Queue {
             + self.boosted.heap_bytes()
     }
 
+    /// Grows the arena (and the id index and heap with it) to `capacity` slots, the new ones
+    /// free; never shrinks. For a live reconfiguration, off the request path.
+    pub fn grow(&mut self, capacity: u32) {
+        let old = self.capacity();
+        if capacity <= old {
+            return;
+        }
+        assert!(capacity < NIL, "queue capacity {capacity} out of range");
+        self.arena.entries.resize(capacity as usize, Entry::FREE);
+        self.arena.links.resize(capacity as usize, Links::NONE);
+        for index in (old..capacity).rev() {
+            self.arena.links[index as usize].lane.next = self.free_head;
+            self.free_head = index;
+        }
+        let entries = &self.arena.entries;
+        let additional = (capacity - self.live) as usize;
+        self.ids.reserve(additional, |&i| hash_id(entries[i as usize].id));
+        self.boosted.reserve_total(capacity as usize);
+    }
+
+    /// Rewrites every armed deadline through `f`, which must not decrease the order of two
+    /// deadlines (a uniform shift, saturating): the list stays sorted.
+    pub fn map_deadlines(&mut self, f: impl Fn(Tick) -> Tick) {
+        let mut index = self.deadlines.head;
+        while index != NIL {
+            let entry = &mut self.arena.entries[index as usize];
+            entry.deadline = f(entry.deadline);
+            index = self.arena.links[index as usize].deadline.next;
+        }
+    }
+
+    /// Disarms every queue deadline.
+    pub fn disarm_all_deadlines(&mut self) {
+        while self.deadlines.head != NIL {
+            self.disarm_deadline(self.deadlines.head);
+        }
+    }
+
+    /// Arms `deadline` on every queued entry (none may have one).
+    pub fn arm_all_deadlines(&mut self, deadline: Tick) {
+        debug_assert_eq!(self.deadlines.len, 0, "deadlines armed already");
+        for index in 0..self.capacity() {
+            if matches!(self.get(index).place, Place::Queued(_)) {
+                self.arm_deadline(index, deadline);
+            }
+        }
+    }
+
     /// Arena capacity.
     pub fn capacity(&self) -> u32 {
         self.arena.entries.len() as u32

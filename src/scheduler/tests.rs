@@ -659,3 +659,86 @@ fn memory_per_queued_request_and_per_session() {
     assert!(per_request <= 160.0, "{per_request:.1} bytes per queued request");
     assert!(per_session <= 64.0, "{per_session:.1} bytes per tracked session");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Live reconfiguration.
+
+impl Harness {
+    fn reconfigure(&mut self, params: Params, live: &[bool]) -> Vec<Output> {
+        self.out.clear();
+        self.s.reconfigure(self.now, params, live, &mut self.out);
+        self.s.check_invariants();
+        self.out.clone()
+    }
+}
+
+#[test]
+fn an_added_backend_takes_queued_requests_at_once() {
+    let mut h = Harness::new(params());
+    block(&mut h, 1);
+    h.arrive(2, None);
+    h.arrive(3, Some(A));
+    assert_eq!(h.s.queued(), 2);
+    let grown = Params { backends: 2, ..params() };
+    assert_eq!(admitted_to(&h.reconfigure(grown, &[true, true])), vec![(2, 1)]);
+    assert_eq!(admitted_to(&h.complete(1)), vec![(3, 0)]);
+}
+
+#[test]
+fn a_removed_backend_finishes_its_requests_and_gets_no_new_ones() {
+    let two = Params { backends: 2, ..params() };
+    let mut h = Harness::new(two.clone());
+    assert_eq!(admitted_to(&h.arrive(1, None)), vec![(1, 0)]);
+    assert_eq!(admitted_to(&h.arrive(2, None)), vec![(2, 1)]);
+    assert!(h.reconfigure(two.clone(), &[true, false]).is_empty());
+    assert!(h.s.backend_removed(1));
+    h.arrive(3, None);
+    assert!(admitted(&h.complete(2)).is_empty(), "nothing goes to the removed backend");
+    assert_eq!(h.s.backend_inflight(1), 0, "its in-flight request released its slot");
+    assert_eq!(admitted_to(&h.complete(1)), vec![(3, 0)]);
+    // Configured again: it takes requests again.
+    h.arrive(4, None);
+    assert_eq!(admitted_to(&h.reconfigure(two, &[true, true])), vec![(4, 1)]);
+}
+
+#[test]
+fn a_new_queue_timeout_applies_to_queued_requests_from_their_enqueue() {
+    let timed = |ms: Tick| Params { queue_timeout: Some(ms * MS), ..params() };
+    let mut h = Harness::new(timed(100));
+    block(&mut h, 1);
+    h.at(0).arrive(2, None);
+    h.at(20 * MS).arrive(3, None);
+    h.at(30 * MS);
+    assert!(h.reconfigure(timed(50), &[true]).is_empty());
+    assert_eq!(rejected(&h.at(50 * MS).send(Input::Tick)), vec![(2, RejectReason::QueueTimeout)]);
+    assert!(rejected(&h.at(69 * MS).send(Input::Tick)).is_empty());
+    assert_eq!(rejected(&h.at(70 * MS).send(Input::Tick)), vec![(3, RejectReason::QueueTimeout)]);
+
+    // Off, then on again: armed from the reconfiguration.
+    h.at(80 * MS).arrive(4, None);
+    assert!(h.reconfigure(params(), &[true]).is_empty());
+    assert!(rejected(&h.at(500 * MS).send(Input::Tick)).is_empty());
+    assert!(h.reconfigure(timed(10), &[true]).is_empty());
+    assert_eq!(rejected(&h.at(510 * MS).send(Input::Tick)), vec![(4, RejectReason::QueueTimeout)]);
+}
+
+#[test]
+fn raised_limits_grow_the_queue_and_lowered_ones_apply_to_new_arrivals() {
+    let small = Params { max_queued: 2, ..params() };
+    let mut h = Harness::new(small.clone());
+    block(&mut h, 1);
+    h.arrive(2, None);
+    h.arrive(3, None);
+    assert_eq!(rejected(&h.arrive(4, None)), vec![(4, RejectReason::QueueFull)]);
+    let big = Params { max_queued: 4, inflight_per_backend: 2, ..params() };
+    assert_eq!(admitted(&h.reconfigure(big, &[true])), vec![2], "a second slot");
+    h.arrive(5, None);
+    h.arrive(6, None);
+    h.arrive(7, None);
+    assert_eq!(h.s.queued(), 4);
+    // Lowered under what is queued and in flight: nothing is dropped, nothing new admitted.
+    assert!(h.reconfigure(small, &[true]).is_empty());
+    assert_eq!(rejected(&h.arrive(8, None)), vec![(8, RejectReason::QueueFull)]);
+    assert!(admitted(&h.complete(1)).is_empty(), "inflight 1 is at the lowered cap");
+    assert_eq!(admitted(&h.complete(2)), vec![3]);
+}

@@ -104,6 +104,8 @@ pub struct BackendReport {
     pub holds: u32,
     pub healthy: bool,
     pub ejected: bool,
+    /// Removed from the configuration by a reload (its in-flight requests finish).
+    pub removed: bool,
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
 }
@@ -127,6 +129,7 @@ impl Report {
         self.inflight = scheduler.inflight();
         self.sessions_tracked = scheduler.sessions_tracked();
         self.oldest_arrival = scheduler.oldest_arrival();
+        self.backends.resize(usize::from(scheduler.params().backends), BackendReport::default());
         for (index, backend) in (0u16..).zip(&mut self.backends) {
             let (healthy, ejected) = scheduler.backend_health(index);
             let (waiting, scraped_at) = scheduler.backend_waiting(index);
@@ -136,6 +139,7 @@ impl Report {
                 holds: scheduler.backend_holds(index),
                 healthy,
                 ejected,
+                removed: scheduler.backend_removed(index),
                 waiting,
                 scraped_at,
             };
@@ -184,6 +188,13 @@ impl<W: Wake> Host<W> {
     /// The scheduler's counters and gauges, as of the last published pass.
     pub fn report(&self) -> &Arc<Mutex<Report>> {
         &self.report
+    }
+
+    /// A live reconfiguration of the hosted scheduler (see [`Scheduler::reconfigure`]); its
+    /// decisions go out with the next [`Host::pass`], which also publishes the report.
+    pub fn reconfigure(&mut self, now: Tick, params: super::Params, live: &[bool]) {
+        self.scheduler.reconfigure(now, params, live, &mut self.out);
+        self.ticked = true;
     }
 
     /// When the scheduler next needs a tick.

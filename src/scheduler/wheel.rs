@@ -149,6 +149,16 @@ impl<T: Copy + Ord> TimerWheel<T> {
         }
     }
 
+    /// Raises the capacity to `capacity` timers (never lowers it), allocating now: for a live
+    /// reconfiguration, off the request path.
+    pub fn reserve(&mut self, capacity: usize) {
+        assert!(capacity < END as usize, "timer wheel capacity {capacity} is 2^31 or more");
+        if capacity > self.capacity {
+            self.entries.reserve_exact(capacity - self.entries.len());
+            self.capacity = capacity;
+        }
+    }
+
     /// The resolution in ticks: the power of two actually used.
     pub fn resolution(&self) -> u64 {
         1 << self.shift

@@ -1,5 +1,6 @@
-//! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue` and
-//! `GET /debug/backends` (JSON). One thread, blocking I/O, one request per connection with
+//! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue`,
+//! `GET /debug/backends` and `GET /debug/config` (JSON), and `POST /admin/reload` (a live
+//! reload, as SIGHUP; 200 with the new generation, 409 with the error when refused). One thread, blocking I/O, one request per connection with
 //! short timeouts: scrapes are rare and small, and this keeps the admin path off the shards.
 
 use std::fmt::Write as _;
@@ -13,10 +14,8 @@ use std::time::Duration;
 use crate::scheduler::thread::Report;
 use crate::scheduler::Lane;
 
-use super::metrics::{
-    Histogram, ModelMetrics, ShardMetrics, UpstreamError, BUCKETS_US, STATUS_SLOTS,
-};
-use super::Shared;
+use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
+use super::{Generation, Shared};
 
 /// Longest admin request head read.
 const HEAD_MAX: usize = 8 << 10;
@@ -80,6 +79,17 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
             _ => return respond(&mut stream, 400, "text/plain", b"bad request\n"),
         }
     };
+    if method == "POST" && path == "/admin/reload" {
+        let (status, body) = match super::reload::reload(shared) {
+            Ok(number) => (200, serde_json::json!({ "generation": number })),
+            Err(error) => (
+                409,
+                serde_json::json!({ "error": error, "generation": shared.generation().number }),
+            ),
+        };
+        let body = serde_json::to_vec(&body).map_err(io::Error::other)?;
+        return respond(&mut stream, status, "application/json", &body);
+    }
     if method != "GET" {
         return respond(&mut stream, 405, "text/plain", b"method not allowed\n");
     }
@@ -97,6 +107,11 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 serde_json::to_vec_pretty(&debug_backends(shared)).map_err(io::Error::other)?;
             respond(&mut stream, 200, "application/json", &body)
         }
+        "/debug/config" => {
+            let body =
+                serde_json::to_vec_pretty(&debug_config(shared)).map_err(io::Error::other)?;
+            respond(&mut stream, 200, "application/json", &body)
+        }
         _ => respond(&mut stream, 404, "text/plain", b"not found\n"),
     }
 }
@@ -106,6 +121,7 @@ fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8])
         200 => "OK",
         400 => "Bad Request",
         404 => "Not Found",
+        409 => "Conflict",
         _ => "Method Not Allowed",
     };
     let head = format!(
@@ -118,8 +134,8 @@ fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8])
     stream.flush()
 }
 
-fn reports(shared: &Shared) -> Vec<Report> {
-    shared
+fn reports(generation: &Generation) -> Vec<Report> {
+    generation
         .models
         .iter()
         .map(|m| m.report.lock().unwrap_or_else(|e| e.into_inner()).clone())
@@ -133,17 +149,20 @@ fn label(value: &str) -> String {
 
 /// The scrape: shard counters summed over shards, scheduler reports as published.
 pub fn render_metrics(shared: &Shared) -> String {
-    let reports = reports(shared);
+    let generation = shared.generation();
+    let shards = shared.shard_metrics();
+    let gen = &*generation;
+    let reports = reports(gen);
     let mut out = String::with_capacity(16 << 10);
     let family = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
 
     family(&mut out, "warmpath_requests_total", "counter", "Responses by model and status.");
-    for (index, model) in shared.models.iter().enumerate() {
+    for (index, model) in gen.models.iter().enumerate() {
         let m = label(&model.name);
         for status in 100..STATUS_SLOTS {
-            let n = sum_shards(shared, |s| &s.models[index].status[status]);
+            let n = sum_models(&shards, index, |m| &m.status[status]);
             if n > 0 {
                 let _ = writeln!(
                     out,
@@ -159,7 +178,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         "Router answers before a model was known, by status.",
     );
     for status in 100..STATUS_SLOTS {
-        let n = sum_shards(shared, |s| &s.other_status[status]);
+        let n = sum_shards(&shards, |s| &s.other_status[status]);
         if n > 0 {
             let _ = writeln!(out, "warmpath_router_responses_total{{status=\"{status}\"}} {n}");
         }
@@ -171,28 +190,26 @@ pub fn render_metrics(shared: &Shared) -> String {
     ];
     for (name, help, pick) in histograms {
         family(&mut out, name, "histogram", help);
-        for (index, model) in shared.models.iter().enumerate() {
-            let mut sums = [0; BUCKETS_US.len() + 2];
-            for shard in &shared.shard_metrics {
-                pick(&shard.models[index]).sum_into(&mut sums);
-            }
-            histogram(&mut out, name, &format!("model=\"{}\"", label(&model.name)), &sums);
+        for (index, model) in gen.models.iter().enumerate() {
+            let labels = format!("model=\"{}\"", label(&model.name));
+            let picked = shards.iter().filter_map(|s| s.models.get(index)).map(pick);
+            histogram(&mut out, name, &labels, picked);
         }
     }
     family(&mut out, "warmpath_queue_wait_seconds", "histogram", "Arrival to admission, by lane.");
-    for (index, model) in shared.models.iter().enumerate() {
+    for (index, model) in gen.models.iter().enumerate() {
         for lane in Lane::ALL {
-            let mut sums = [0; BUCKETS_US.len() + 2];
-            for shard in &shared.shard_metrics {
-                shard.models[index].queue_wait[lane as usize].sum_into(&mut sums);
-            }
             let labels = format!("model=\"{}\",lane=\"{}\"", label(&model.name), lane.name());
-            histogram(&mut out, "warmpath_queue_wait_seconds", &labels, &sums);
+            let picked = shards
+                .iter()
+                .filter_map(|s| s.models.get(index))
+                .map(|m| &m.queue_wait[lane as usize]);
+            histogram(&mut out, "warmpath_queue_wait_seconds", &labels, picked);
         }
     }
 
     family(&mut out, "warmpath_queue_depth", "gauge", "Queued requests by lane.");
-    for (model, report) in shared.models.iter().zip(&reports) {
+    for (model, report) in gen.models.iter().zip(&reports) {
         for lane in Lane::ALL {
             let depth = report.depth[lane as usize];
             let _ = writeln!(
@@ -204,7 +221,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         }
     }
     family(&mut out, "warmpath_admitted_total", "counter", "Admissions by lane.");
-    for (model, report) in shared.models.iter().zip(&reports) {
+    for (model, report) in gen.models.iter().zip(&reports) {
         for lane in Lane::ALL {
             let n = report.stats.admitted[lane as usize];
             let _ = writeln!(
@@ -265,7 +282,7 @@ pub fn render_metrics(shared: &Shared) -> String {
     ];
     for (name, kind, help, pick) in per_model {
         family(&mut out, name, kind, help);
-        for (model, report) in shared.models.iter().zip(&reports) {
+        for (model, report) in gen.models.iter().zip(&reports) {
             let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(&model.name), pick(report));
         }
     }
@@ -275,7 +292,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         "counter",
         "Requests refused by the queue, by reason.",
     );
-    for (model, report) in shared.models.iter().zip(&reports) {
+    for (model, report) in gen.models.iter().zip(&reports) {
         let m = label(&model.name);
         let reasons = [
             ("queue_full", report.stats.rejected_full),
@@ -298,8 +315,8 @@ pub fn render_metrics(shared: &Shared) -> String {
             "Estimated prompt tokens awaiting a first byte (S6.3).",
             |b| b.prefill_tokens,
         ),
-        ("warmpath_backend_up", "1 when healthy and not ejected.", |b| {
-            u64::from(b.healthy && !b.ejected)
+        ("warmpath_backend_up", "1 when configured, healthy and not ejected.", |b| {
+            u64::from(b.healthy && !b.ejected && !b.removed)
         }),
         ("warmpath_backend_waiting", "The engine's last scraped waiting-queue gauge.", |b| {
             u64::from(b.waiting.unwrap_or(0))
@@ -307,7 +324,7 @@ pub fn render_metrics(shared: &Shared) -> String {
     ];
     for (name, help, pick) in per_backend {
         family(&mut out, name, "gauge", help);
-        for (model, report) in shared.models.iter().zip(&reports) {
+        for (model, report) in gen.models.iter().zip(&reports) {
             for (backend, b) in model.backends.iter().zip(&report.backends) {
                 let _ = writeln!(
                     out,
@@ -320,10 +337,12 @@ pub fn render_metrics(shared: &Shared) -> String {
         }
     }
     family(&mut out, "warmpath_upstream_errors_total", "counter", "Upstream failures by kind.");
-    for (index, model) in shared.models.iter().enumerate() {
+    for (index, model) in gen.models.iter().enumerate() {
         for (b, backend) in model.backends.iter().enumerate() {
             for kind in UpstreamError::ALL {
-                let n = sum_shards(shared, |s| &s.models[index].upstream_errors[b][kind as usize]);
+                let n = sum_models(&shards, index, |m| {
+                    m.upstream_errors.get(b).map_or(&ZERO, |k| &k[kind as usize])
+                });
                 let _ = writeln!(
                     out,
                     "warmpath_upstream_errors_total{{model=\"{}\",backend=\"{}\",kind=\"{}\"}} {n}",
@@ -340,8 +359,8 @@ pub fn render_metrics(shared: &Shared) -> String {
         "counter",
         "Dead pooled connections replaced by a fresh one.",
     );
-    for (index, model) in shared.models.iter().enumerate() {
-        let n = sum_shards(shared, |s| &s.models[index].pool_reconnects);
+    for (index, model) in gen.models.iter().enumerate() {
+        let n = sum_models(&shards, index, |m| &m.pool_reconnects);
         let _ =
             writeln!(out, "warmpath_pool_reconnects_total{{model=\"{}\"}} {n}", label(&model.name));
     }
@@ -367,29 +386,78 @@ pub fn render_metrics(shared: &Shared) -> String {
     ];
     for (name, kind, help, pick) in shard_gauges {
         family(&mut out, name, kind, help);
-        let _ = writeln!(out, "{name} {}", sum_shards(shared, pick));
+        let _ = writeln!(out, "{name} {}", sum_shards(&shards, pick));
     }
+    family(
+        &mut out,
+        "warmpath_access_log_dropped_total",
+        "counter",
+        "Access-log lines dropped because a shard's buffer was full or the sink failed.",
+    );
+    let dropped: u64 = shared.access_logs.iter().map(|log| log.dropped()).sum();
+    let _ = writeln!(out, "warmpath_access_log_dropped_total {dropped}");
+    family(&mut out, "warmpath_config_generation", "gauge", "The active configuration generation.");
+    let _ = writeln!(out, "warmpath_config_generation {}", gen.number);
+    family(
+        &mut out,
+        "warmpath_config_reloads_refused_total",
+        "counter",
+        "Reloads refused (the file did not load or validate); the active generation stayed.",
+    );
+    let refused = shared.reloads_refused.load(Ordering::Relaxed);
+    let _ = writeln!(out, "warmpath_config_reloads_refused_total {refused}");
     out
 }
 
+/// A zero for counters a shard does not have yet (it has not adopted the newest generation).
+static ZERO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn sum_shards(
-    shared: &Shared,
-    pick: impl Fn(&super::metrics::ShardMetrics) -> &std::sync::atomic::AtomicU64,
+    shards: &[Arc<ShardMetrics>],
+    pick: impl Fn(&ShardMetrics) -> &std::sync::atomic::AtomicU64,
 ) -> u64 {
-    shared.shard_metrics.iter().map(|s| pick(s).load(Ordering::Relaxed)).sum()
+    shards.iter().map(|s| pick(s).load(Ordering::Relaxed)).sum()
 }
 
-/// One histogram's series from summed bucket counts (non-cumulative in, cumulative out).
-fn histogram(out: &mut String, name: &str, labels: &str, sums: &[u64; BUCKETS_US.len() + 2]) {
+/// A counter of model `index` summed over the shards that know the model.
+fn sum_models(
+    shards: &[Arc<ShardMetrics>],
+    index: usize,
+    pick: impl Fn(&ModelMetrics) -> &std::sync::atomic::AtomicU64,
+) -> u64 {
+    let models = shards.iter().filter_map(|s| s.models.get(index));
+    models.map(|m| pick(m).load(Ordering::Relaxed)).sum()
+}
+
+/// One histogram's series from the shards' histograms (same buckets; non-cumulative in,
+/// cumulative out).
+fn histogram<'a>(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    parts: impl Iterator<Item = &'a Histogram>,
+) {
+    let mut bounds: &[u64] = &[];
+    let mut sums = Vec::new();
+    for part in parts {
+        if sums.is_empty() {
+            bounds = part.bounds();
+            sums = vec![0; bounds.len() + 2];
+        }
+        part.sum_into(&mut sums);
+    }
+    if sums.is_empty() {
+        return;
+    }
     let mut cumulative = 0;
-    for (i, bound) in BUCKETS_US.iter().enumerate() {
+    for (i, bound) in bounds.iter().enumerate() {
         cumulative += sums[i];
         let le = *bound as f64 / 1e6;
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
     }
-    cumulative += sums[BUCKETS_US.len()];
+    cumulative += sums[bounds.len()];
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-    let sum = sums[BUCKETS_US.len() + 1] as f64 / 1e6;
+    let sum = sums[bounds.len() + 1] as f64 / 1e6;
     let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {cumulative}");
 }
 
@@ -397,12 +465,13 @@ fn histogram(out: &mut String, name: &str, labels: &str, sums: &[u64; BUCKETS_US
 pub fn debug_queue(shared: &Shared) -> serde_json::Value {
     let now = shared.clock.now();
     let rate = shared.clock.rate();
-    let models: Vec<serde_json::Value> = shared
+    let generation = shared.generation();
+    let models: Vec<serde_json::Value> = generation
         .models
         .iter()
-        .zip(reports(shared))
-        .zip(&shared.config.models)
-        .map(|((model, report), config)| {
+        .zip(reports(&generation))
+        .map(|(model, report)| {
+            let config = &model.config;
             let depth: serde_json::Map<String, serde_json::Value> = Lane::ALL
                 .iter()
                 .map(|&lane| (lane.name().to_owned(), report.depth[lane as usize].into()))
@@ -421,13 +490,15 @@ pub fn debug_queue(shared: &Shared) -> serde_json::Value {
                         "inflight": b.inflight,
                         "prefill_tokens": b.prefill_tokens,
                         "held_slots": b.holds,
-                        "usable": b.healthy && !b.ejected,
+                        "usable": b.healthy && !b.ejected && backend.live,
+                        "live": backend.live,
                     })
                 })
                 .collect();
             let q = &config.queue;
             serde_json::json!({
                 "model": model.name,
+                "live": model.live,
                 "queued": queued,
                 "depth": depth,
                 "inflight": report.inflight,
@@ -456,7 +527,8 @@ pub fn debug_backends(shared: &Shared) -> serde_json::Value {
     let now = shared.clock.now();
     let rate = shared.clock.rate();
     let mut backends = Vec::new();
-    for (model, report) in shared.models.iter().zip(reports(shared)) {
+    let generation = shared.generation();
+    for (model, report) in generation.models.iter().zip(reports(&generation)) {
         for (backend, b) in model.backends.iter().zip(&report.backends) {
             let scraped = b.scraped_at > 0;
             let age_ms = scraped
@@ -466,6 +538,7 @@ pub fn debug_backends(shared: &Shared) -> serde_json::Value {
                 "backend": backend.authority,
                 "healthy": b.healthy,
                 "ejected": b.ejected,
+                "live": backend.live && model.live,
                 "waiting": b.waiting,
                 "last_scrape_age_ms": age_ms,
                 "inflight": b.inflight,
@@ -474,4 +547,67 @@ pub fn debug_backends(shared: &Shared) -> serde_json::Value {
         }
     }
     serde_json::json!({ "backends": backends })
+}
+
+/// Key names whose values `/debug/config` never shows (matched as substrings, lowercase).
+const SECRET_KEYS: [&str; 5] = ["secret", "password", "token", "api_key", "authorization"];
+
+/// `GET /debug/config`: the active generation and its effective configuration (the document
+/// `warmpath check-config` prints, as JSON), with the values of secret-looking keys replaced by
+/// `"<redacted>"`.
+pub fn debug_config(shared: &Shared) -> serde_json::Value {
+    let generation = shared.generation();
+    let text = generation.config.to_toml();
+    let mut config = match toml::from_str::<toml::Table>(&text) {
+        Ok(table) => serde_json::to_value(table).unwrap_or(serde_json::Value::Null),
+        Err(e) => serde_json::Value::String(format!("unprintable configuration: {e}")),
+    };
+    redact(&mut config);
+    serde_json::json!({
+        "generation": generation.number,
+        "source": shared.source.as_ref().map(|s| s.path.display().to_string()),
+        "config": config,
+    })
+}
+
+/// Replaces the values of [`SECRET_KEYS`] (and of backends' `user:password@` parts) in place.
+fn redact(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                let key = key.to_ascii_lowercase();
+                if SECRET_KEYS.iter().any(|secret| key.contains(secret)) {
+                    *value = serde_json::Value::String("<redacted>".into());
+                } else {
+                    redact(value);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+        serde_json::Value::String(text) => {
+            if let Some((_, host)) = text.rsplit_once('@') {
+                *text = format!("<redacted>@{host}");
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_and_credentials_in_addresses_are_redacted() {
+        let mut value = serde_json::json!({
+            "server": {"listen": "127.0.0.1:8080", "api_key": "k", "Auth_Token": "t"},
+            "model": [{"backends": ["user:pw@10.0.0.1:8000", "10.0.0.2:8000"]}],
+        });
+        redact(&mut value);
+        assert_eq!(value["server"]["listen"], "127.0.0.1:8080");
+        assert_eq!(value["server"]["api_key"], "<redacted>");
+        assert_eq!(value["server"]["Auth_Token"], "<redacted>");
+        assert_eq!(value["model"][0]["backends"][0], "<redacted>@10.0.0.1:8000");
+        assert_eq!(value["model"][0]["backends"][1], "10.0.0.2:8000");
+    }
 }

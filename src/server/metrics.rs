@@ -48,9 +48,18 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
-/// Upper bounds of the latency histograms' buckets, in microseconds (the last is +Inf).
-pub const BUCKETS_US: [u64; 18] = [
-    500,
+/// Queue-wait buckets' upper bounds, in microseconds: 100 µs to 60 s (the +Inf bucket
+/// follows). A queue wait is microseconds on an idle router and up to `queue.timeout` (30 s by
+/// default) under a backlog.
+pub const QUEUE_WAIT_BUCKETS_US: &[u64] = &[
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000, 60_000_000,
+];
+
+/// Time-to-first-byte and request-duration buckets' upper bounds, in microseconds: 1 ms to
+/// 10 min. A first byte comes after the prefill (milliseconds to minutes for long prompts,
+/// `upstream.header_timeout` is 600 s); a streamed answer lasts as long as its decode.
+pub const LATENCY_BUCKETS_US: &[u64] = &[
     1_000,
     2_500,
     5_000,
@@ -68,31 +77,58 @@ pub const BUCKETS_US: [u64; 18] = [
     60_000_000,
     120_000_000,
     300_000_000,
+    600_000_000,
 ];
 
-/// A latency histogram with the buckets of [`BUCKETS_US`] (non-cumulative counts; the scrape
-/// accumulates) and a sum in microseconds.
-#[derive(Debug, Default)]
+/// A latency histogram over a fixed bucket table (non-cumulative counts; the scrape
+/// accumulates) and a sum in microseconds; single writer.
+#[derive(Debug)]
 pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS_US.len() + 1],
+    bounds: &'static [u64],
+    /// One per bound, then +Inf.
+    buckets: Box<[AtomicU64]>,
     sum_us: AtomicU64,
 }
 
 impl Histogram {
+    /// An empty histogram with buckets `bounds` (increasing, in µs).
+    pub fn new(bounds: &'static [u64]) -> Histogram {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bucket bounds increase");
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The buckets' upper bounds in µs (the +Inf bucket is not listed).
+    pub fn bounds(&self) -> &'static [u64] {
+        self.bounds
+    }
+
     /// Records one observation.
     pub fn observe(&self, value: Duration) {
         let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
-        let bucket = BUCKETS_US.iter().position(|&bound| us <= bound).unwrap_or(BUCKETS_US.len());
+        let bucket = self.bounds.partition_point(|&bound| bound < us);
         add(&self.buckets[bucket], 1);
         add(&self.sum_us, us);
     }
 
-    /// Adds this histogram's counts into `into` (bucket counts, then the sum in µs).
-    pub fn sum_into(&self, into: &mut [u64; BUCKETS_US.len() + 2]) {
-        for (total, bucket) in into.iter_mut().zip(&self.buckets) {
+    /// Adds this histogram's counts into `into` (bucket counts, +Inf, then the sum in µs);
+    /// `into` has `bounds().len() + 2` slots.
+    pub fn sum_into(&self, into: &mut [u64]) {
+        for (total, bucket) in into.iter_mut().zip(self.buckets.iter()) {
             *total += bucket.load(Ordering::Relaxed);
         }
-        into[BUCKETS_US.len() + 1] += self.sum_us.load(Ordering::Relaxed);
+        into[self.bounds.len() + 1] += self.sum_us.load(Ordering::Relaxed);
+    }
+
+    /// Copies `other`'s counts (same bounds) into this one.
+    fn copy_from(&self, other: &Histogram) {
+        for (to, from) in self.buckets.iter().zip(other.buckets.iter()) {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.sum_us.store(other.sum_us.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 
@@ -120,9 +156,9 @@ impl ModelMetrics {
     fn new(backends: usize) -> ModelMetrics {
         ModelMetrics {
             status: (0..STATUS_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            duration: Histogram::default(),
-            ttfb: Histogram::default(),
-            queue_wait: Default::default(),
+            duration: Histogram::new(LATENCY_BUCKETS_US),
+            ttfb: Histogram::new(LATENCY_BUCKETS_US),
+            queue_wait: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
             upstream_errors: (0..backends).map(|_| Default::default()).collect(),
             pool_reconnects: AtomicU64::new(0),
         }
@@ -141,6 +177,29 @@ impl ModelMetrics {
     /// Counts a pooled connection found dead and replaced.
     pub fn count_pool_reconnect(&self) {
         add(&self.pool_reconnects, 1);
+    }
+
+    /// Copies `other`'s values into this one (which has at least its backends).
+    fn copy_from(&self, other: &ModelMetrics) {
+        copy(&self.status, &other.status);
+        self.duration.copy_from(&other.duration);
+        self.ttfb.copy_from(&other.ttfb);
+        for (to, from) in self.queue_wait.iter().zip(&other.queue_wait) {
+            to.copy_from(from);
+        }
+        for (to, from) in self.upstream_errors.iter().zip(other.upstream_errors.iter()) {
+            copy(to, from);
+        }
+        copy(
+            std::slice::from_ref(&self.pool_reconnects),
+            std::slice::from_ref(&other.pool_reconnects),
+        );
+    }
+}
+
+fn copy(to: &[AtomicU64], from: &[AtomicU64]) {
+    for (to, from) in to.iter().zip(from) {
+        to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 
@@ -177,6 +236,36 @@ impl ShardMetrics {
         }
     }
 
+    /// Counters for every model and backend of `generation`.
+    pub fn for_generation(generation: &super::Generation) -> ShardMetrics {
+        let backends: Vec<usize> = generation.models.iter().map(|m| m.backends.len()).collect();
+        ShardMetrics::new(&backends)
+    }
+
+    /// A copy of these counters with room for every model and backend of `generation` (whose
+    /// tables extend this one's: indices are stable across generations). Only the shard that
+    /// writes these counters may call it, so no increment is lost in the copy.
+    pub fn grown(&self, generation: &super::Generation) -> ShardMetrics {
+        let grown = ShardMetrics::for_generation(generation);
+        for (to, from) in grown.models.iter().zip(self.models.iter()) {
+            to.copy_from(from);
+        }
+        copy(&grown.other_status, &self.other_status);
+        let scalars = |m: &ShardMetrics| {
+            [&m.accepted, &m.refused, &m.open, &m.buffered, &m.clients_gone]
+                .map(|a| a.load(Ordering::Relaxed))
+        };
+        let values = scalars(self);
+        for (to, value) in
+            [&grown.accepted, &grown.refused, &grown.open, &grown.buffered, &grown.clients_gone]
+                .into_iter()
+                .zip(values)
+        {
+            to.store(value, Ordering::Relaxed);
+        }
+        grown
+    }
+
     /// Counts a router answer not attributed to a model.
     pub fn count_other_status(&self, status: u16) {
         add(&self.other_status[usize::from(status).min(STATUS_SLOTS - 1)], 1);
@@ -199,16 +288,42 @@ mod tests {
 
     #[test]
     fn histogram_buckets_are_upper_bounds() {
-        let h = Histogram::default();
-        h.observe(Duration::from_micros(500));
-        h.observe(Duration::from_micros(501));
+        let h = Histogram::new(LATENCY_BUCKETS_US);
+        h.observe(Duration::from_micros(1_000));
+        h.observe(Duration::from_micros(1_001));
         h.observe(Duration::from_secs(3600));
-        let mut sums = [0; BUCKETS_US.len() + 2];
+        let n = LATENCY_BUCKETS_US.len();
+        let mut sums = vec![0; n + 2];
         h.sum_into(&mut sums);
-        assert_eq!(sums[0], 1, "500 µs falls in the 500 µs bucket");
-        assert_eq!(sums[1], 1, "501 µs falls in the 1 ms bucket");
-        assert_eq!(sums[BUCKETS_US.len()], 1, "an hour falls in +Inf");
-        assert_eq!(sums[BUCKETS_US.len() + 1], 500 + 501 + 3_600_000_000);
+        assert_eq!(sums[0], 1, "1 ms falls in the 1 ms bucket");
+        assert_eq!(sums[1], 1, "1.001 ms falls in the 2.5 ms bucket");
+        assert_eq!(sums[n], 1, "an hour falls in +Inf");
+        assert_eq!(sums[n + 1], 1_000 + 1_001 + 3_600_000_000);
+        assert_eq!(QUEUE_WAIT_BUCKETS_US.first(), Some(&100), "queue waits from 100 µs");
+        assert_eq!(QUEUE_WAIT_BUCKETS_US.last(), Some(&60_000_000), "to 60 s");
+        assert_eq!(LATENCY_BUCKETS_US.last(), Some(&600_000_000), "TTFB to 10 min");
+    }
+
+    #[test]
+    fn grown_counters_keep_their_values() {
+        let m = ShardMetrics::new(&[1]);
+        m.models[0].count_status(200);
+        m.models[0].count_upstream_error(0, UpstreamError::Reset);
+        m.models[0].ttfb.observe(Duration::from_millis(3));
+        ShardMetrics::bump(&m.accepted);
+        let grown = {
+            let bigger = ShardMetrics::new(&[2, 1]);
+            for (to, from) in bigger.models.iter().zip(m.models.iter()) {
+                to.copy_from(from);
+            }
+            bigger
+        };
+        assert_eq!(grown.models[0].status[200].load(Ordering::Relaxed), 1);
+        assert_eq!(grown.models[0].upstream_errors[0][1].load(Ordering::Relaxed), 1);
+        assert_eq!(grown.models[0].upstream_errors.len(), 2);
+        let mut sums = vec![0; LATENCY_BUCKETS_US.len() + 2];
+        grown.models[0].ttfb.sum_into(&mut sums);
+        assert_eq!(sums.iter().take(LATENCY_BUCKETS_US.len() + 1).sum::<u64>(), 1);
     }
 
     #[test]

@@ -17,28 +17,30 @@
 //! the ring of the shard that owns the request (`Ring<Output, Arc<mio::Waker>>`), waking its
 //! event loop only when it sleeps. Decisions for the hosting shard itself skip the ring.
 
+pub mod access_log;
 pub mod admin;
+pub mod generation;
 pub mod metrics;
+pub mod reload;
 pub mod shard;
 
 use std::io;
-use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use hashbrown::HashMap;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::clock::Clock;
-use crate::config::{Config, Engine};
-use crate::control::scrape::EngineKind;
-use crate::control::thread::{ControlSettings, ControlThread, Target};
-use crate::protocol::Limits;
+use crate::config::{Config, Overrides};
+use crate::control::thread::{ControlSettings, ControlThread, Plan, SharedPlan};
 use crate::ring::Ring;
-use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
-use crate::scheduler::{Input, Output, Params, Scheduler};
+use crate::scheduler::thread::Host;
+use crate::scheduler::{Input, Output};
 
+pub use generation::{BackendAddr, Generation, Model};
 use metrics::ShardMetrics;
 
 /// A shard's inbound ring: admissions and rejections from the schedulers.
@@ -50,59 +52,70 @@ pub type ShardHost = Host<Arc<mio::Waker>>;
 /// Capacity of each shard's inbound ring and of each model's inbox.
 const RING_CAPACITY: usize = 1 << 16;
 
-/// One backend of a model, resolved at start.
+/// Where the configuration came from, to read it again on a reload (SIGHUP,
+/// `POST /admin/reload`): the file, with the same environment and command-line overrides.
 #[derive(Debug, Clone)]
-pub struct BackendAddr {
-    /// The resolved address.
-    pub addr: SocketAddr,
-    /// `host:port` as configured: the `Host` sent to an HTTP/1.0 client's backend, and the
-    /// metrics label.
-    pub authority: String,
+pub struct ConfigSource {
+    pub path: PathBuf,
+    pub overrides: Overrides,
+    /// The environment lookup (`config::process_env` for the real one).
+    pub env: fn(&str) -> Option<String>,
 }
 
-/// A model as the dataplane sees it.
-#[derive(Debug)]
-pub struct Model {
-    pub name: String,
-    /// The in-place rewrite of `"model"`: `upstream_model` as a JSON string token.
-    pub upstream_model_json: Option<Vec<u8>>,
-    /// The session header, lowercase.
-    pub session_header: String,
-    pub backends: Vec<BackendAddr>,
-    pub inbox: Arc<Inbox>,
-    pub report: Arc<Mutex<Report>>,
-}
-
-/// What every thread shares, read-only after start except the flags.
+/// What every thread shares. The configuration lives in generations (`generation.rs`): each
+/// thread holds an `Arc` of the one it works with and swaps it when `generation_number` moves.
 #[derive(Debug)]
 pub struct Shared {
-    pub config: Config,
-    pub models: Vec<Model>,
-    /// Model name to index.
-    pub by_name: HashMap<String, u16>,
-    /// Request limits of `[server]` with `[queue].session_header`.
-    pub limits: Limits,
+    /// The active generation.
+    current: Mutex<Arc<Generation>>,
+    /// The active generation's number, read by every shard once per loop iteration (written
+    /// only by a reload, so the line stays shared-clean).
+    pub generation_number: AtomicU64,
+    /// The configuration file, when there is one to reload.
+    pub source: Option<ConfigSource>,
+    /// Schedulers of models added by a reload, waiting for their home shard to adopt them.
+    pub new_hosts: Vec<Mutex<Vec<(u16, ShardHost)>>>,
     /// Every shard's inbound ring (wake a shard through it).
     pub rings: Vec<Arc<ShardRing>>,
-    /// Every shard's counters.
-    pub shard_metrics: Vec<Arc<ShardMetrics>>,
+    /// Every shard's counters; a shard replaces its own when a reload adds models or backends.
+    pub shard_metrics: Vec<Mutex<Arc<ShardMetrics>>>,
+    /// Every shard's access-log buffer, by shard index; empty when the log is off.
+    pub access_logs: Vec<Arc<access_log::ShardLog>>,
+    /// What the control thread probes.
+    pub control_plan: SharedPlan,
+    /// Serialises reloads (SIGHUP and `POST /admin/reload` may race).
+    pub reload_lock: Mutex<()>,
+    /// Reloads refused so far.
+    pub reloads_refused: AtomicU64,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,
     /// Shards not yet drained; a shard exits when this reaches 0, as it may host a scheduler
     /// that the others still report to.
     pub shards_busy: AtomicUsize,
     pub clock: Clock,
-    /// The body of `GET /v1/models`.
-    pub models_json: Vec<u8>,
 }
 
 impl Shared {
-    /// Whether every model has at least one healthy, non-ejected backend (`/readyz`).
-    pub fn ready(&self) -> bool {
-        self.models.iter().all(|model| {
-            let report = model.report.lock().unwrap_or_else(|e| e.into_inner());
-            report.backends.iter().any(|b| b.healthy && !b.ejected)
-        })
+    /// The active generation.
+    pub fn generation(&self) -> Arc<Generation> {
+        Arc::clone(&self.current.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Publishes `generation` (its number one above the active one's).
+    fn publish(&self, generation: Arc<Generation>) {
+        let number = generation.number;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = generation;
+        self.generation_number.store(number, Ordering::Release);
+        for ring in &self.rings {
+            ring.wake();
+        }
+    }
+
+    /// Every shard's counters as of now.
+    pub fn shard_metrics(&self) -> Vec<Arc<ShardMetrics>> {
+        let lock =
+            |m: &Mutex<Arc<ShardMetrics>>| Arc::clone(&m.lock().unwrap_or_else(|e| e.into_inner()));
+        self.shard_metrics.iter().map(lock).collect()
     }
 }
 
@@ -115,6 +128,7 @@ pub struct Running {
     shards: Vec<JoinHandle<()>>,
     control: ControlThread,
     admin: admin::AdminThread,
+    access_log: Option<access_log::LogWriter>,
 }
 
 impl Running {
@@ -128,13 +142,26 @@ impl Running {
         self.admin_addr
     }
 
+    /// Re-reads the configuration file and applies it live (see [`reload::reload`]); returns
+    /// the new generation's number, or why the file was refused (the old one stays).
+    pub fn reload(&self) -> Result<u64, String> {
+        reload::reload(&self.shared)
+    }
+
+    /// The active generation's number.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation_number.load(Ordering::Acquire)
+    }
+
     /// Starts S13: stop accepting, answer every queued request 503, let in-flight responses
     /// finish within `drain_timeout`. Idempotent; returns at once.
     pub fn shutdown(&self) {
         if self.shared.shutting_down.swap(true, Ordering::AcqRel) {
             return;
         }
-        for model in &self.shared.models {
+        // Under the reload lock, so that a model a concurrent reload adds gets its Shutdown too.
+        let _reload = self.shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        for model in &self.shared.generation().models {
             while model.inbox.push(Input::Shutdown).is_err() {
                 std::thread::yield_now();
             }
@@ -145,8 +172,8 @@ impl Running {
     }
 
     /// Waits for the shards (and the schedulers they host) to drain and stop (call
-    /// [`Running::shutdown`] first, or have a signal do it), then stops the control thread and
-    /// the admin listener.
+    /// [`Running::shutdown`] first, or have a signal do it), then stops the control thread,
+    /// the admin listener and the access log (after writing what it holds).
     pub fn wait(self) {
         for shard in self.shards {
             if shard.join().is_err() {
@@ -155,11 +182,20 @@ impl Running {
         }
         self.admin.stop();
         let _ = self.control.stop();
+        if let Some(log) = self.access_log {
+            log.stop();
+        }
     }
 }
 
 /// Binds the listeners and starts every thread; returns once the router accepts connections.
+/// Without a [`ConfigSource`] there is nothing to reload from.
 pub fn start(config: Config) -> io::Result<Running> {
+    start_with_source(config, None)
+}
+
+/// [`start`], remembering where `config` came from so that it can be reloaded.
+pub fn start_with_source(config: Config, source: Option<ConfigSource>) -> io::Result<Running> {
     config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let clock = Clock::real();
     let shard_count = match config.server.shards {
@@ -177,83 +213,44 @@ pub fn start(config: Config) -> io::Result<Running> {
     }
     let admin_listener = StdListener::bind(config.server.admin_listen)?;
     let admin_addr = admin_listener.local_addr()?;
+    let access_log = access_log::LogWriter::start(&config.server.access_log, shard_count)?;
 
     let polls = (0..shard_count).map(|_| mio::Poll::new()).collect::<io::Result<Vec<_>>>()?;
-    let mut wakers = Vec::with_capacity(shard_count);
     let mut rings = Vec::with_capacity(shard_count);
     for poll in &polls {
         let waker = Arc::new(mio::Waker::new(poll.registry(), shard::WAKER)?);
-        rings.push(Arc::new(Ring::new(RING_CAPACITY, Arc::clone(&waker))));
-        wakers.push(waker);
+        rings.push(Arc::new(Ring::new(RING_CAPACITY, waker)));
     }
-
-    let mut models = Vec::with_capacity(config.models.len());
-    let mut hosted: Vec<Vec<ShardHost>> = (0..shard_count).map(|_| Vec::new()).collect();
-    let mut targets = Vec::new();
-    for (index, model) in config.models.iter().enumerate() {
-        let params = Params::for_model(model, &config.upstream, clock.rate());
-        let scheduler = Scheduler::new(params, clock.now());
-        let home = index % shard_count;
-        let inbox = Arc::new(Ring::new(RING_CAPACITY, InboxWaker::Loop(Arc::clone(&wakers[home]))));
-        let host = Host::new(scheduler, Arc::clone(&inbox), rings.clone());
-        let mut backends = Vec::with_capacity(model.backends.len());
-        for (index, authority) in (0u16..).zip(&model.backends) {
-            let resolved = authority.to_socket_addrs().ok().and_then(|mut a| a.next());
-            let Some(resolved) = resolved else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("model {:?}: backend {authority:?} does not resolve", model.name),
-                ));
-            };
-            backends.push(BackendAddr { addr: resolved, authority: authority.clone() });
-            targets.push(Target {
-                inbox: Arc::clone(&inbox),
-                backend: index,
-                addr: authority.clone(),
-                engine: engine_kind(model.engine),
-            });
-        }
-        models.push(Model {
-            name: model.name.clone(),
-            upstream_model_json: model.upstream_model.as_deref().map(|name| {
-                let mut json = Vec::new();
-                crate::protocol::write_json_string(name, &mut json);
-                json
-            }),
-            session_header: model.queue.session_header.to_ascii_lowercase(),
-            backends,
-            inbox,
-            report: Arc::clone(host.report()),
-        });
-        hosted[home].push(host);
-    }
-    let by_name = (0u16..).zip(&models).map(|(i, m)| (m.name.clone(), i)).collect();
-    let backend_counts: Vec<usize> = models.iter().map(|m| m.backends.len()).collect();
-    let shard_metrics =
-        (0..shard_count).map(|_| Arc::new(ShardMetrics::new(&backend_counts))).collect();
-    let limits = Limits {
-        max_header_bytes: config.server.max_header_bytes as usize,
-        max_body_bytes: config.server.max_body_bytes,
-        session_header: config.queue.session_header.to_ascii_lowercase(),
-        ..Limits::default()
-    };
-    let models_json = models_json(&models);
     let control_settings = ControlSettings::from_config(&config.upstream);
+    let (generation, new_hosts) = Generation::build(1, config, None, &clock, &rings)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut hosted: Vec<Vec<(u16, ShardHost)>> = (0..shard_count).map(|_| Vec::new()).collect();
+    for new in new_hosts {
+        hosted[new.home].push((new.model, new.host));
+    }
+    let shard_metrics = (0..shard_count)
+        .map(|_| Mutex::new(Arc::new(ShardMetrics::for_generation(&generation))))
+        .collect();
+    let plan = Plan { targets: generation.targets(), settings: control_settings };
+    let generation = Arc::new(generation);
     let shared = Arc::new(Shared {
-        config,
-        models,
-        by_name,
-        limits,
+        current: Mutex::new(Arc::clone(&generation)),
+        generation_number: AtomicU64::new(generation.number),
+        source,
+        new_hosts: (0..shard_count).map(|_| Mutex::new(Vec::new())).collect(),
         rings: rings.clone(),
         shard_metrics,
+        access_logs: access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec()),
+        control_plan: Arc::new(Mutex::new(Arc::new(plan))),
+        reload_lock: Mutex::new(()),
+        reloads_refused: AtomicU64::new(0),
         shutting_down: AtomicBool::new(false),
         shards_busy: AtomicUsize::new(shard_count),
         clock: clock.clone(),
-        models_json,
     });
 
-    let control = ControlThread::spawn(targets, control_settings, clock.clone())?;
-    let cores = match shared.config.server.pin_cores {
+    let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock.clone())?;
+    let cores = match generation.config.server.pin_cores {
         true => core_affinity::get_core_ids().unwrap_or_default(),
         false => Vec::new(),
     };
@@ -276,7 +273,7 @@ pub fn start(config: Config) -> io::Result<Running> {
         shards.push(handle);
     }
     let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
-    Ok(Running { shared, addr, admin_addr, shards, control, admin })
+    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log })
 }
 
 /// A non-blocking listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so every shard binds the
@@ -289,20 +286,4 @@ fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket.into())
-}
-
-fn engine_kind(engine: Engine) -> Option<EngineKind> {
-    EngineKind::for_engine(engine)
-}
-
-/// `{"object":"list","data":[{"id":...,"object":"model","created":0,"owned_by":"warmpath"}]}`.
-fn models_json(models: &[Model]) -> Vec<u8> {
-    let data: Vec<serde_json::Value> = models
-        .iter()
-        .map(|m| {
-            serde_json::json!({"id": m.name, "object": "model", "created": 0, "owned_by": "warmpath"})
-        })
-        .collect();
-    serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
-        .expect("serialising a JSON value")
 }

@@ -124,6 +124,20 @@ impl Setup {
     pub fn start(&self) -> Router {
         Router::start(self.config())
     }
+
+    /// Writes this configuration to `path` and starts a router that reloads from it
+    /// (`POST /admin/reload`), with no environment variables.
+    pub fn start_from_file(&self, path: &std::path::Path) -> Router {
+        std::fs::write(path, self.toml()).expect("writing the configuration");
+        let source = server::ConfigSource {
+            path: path.to_owned(),
+            overrides: warmpath::config::Overrides::default(),
+            env: |_| None,
+        };
+        let running = server::start_with_source(self.config(), Some(source)).expect("starts");
+        let (addr, admin) = (running.addr(), running.admin_addr());
+        Router { running: Some(running), addr, admin }
+    }
 }
 
 /// `value` as a TOML value: numbers, booleans and arrays as they are, anything else quoted.

@@ -55,7 +55,7 @@ impl Shard {
     /// limits (the parser reports the overflow); later phases keep room for one pipelined head.
     pub(super) fn read_limit(&self, key: usize) -> usize {
         let Some(Conn::Client(c)) = self.conns.get(key) else { return 0 };
-        let limits = &self.shared.limits;
+        let limits = &self.gen.limits;
         let head_max = limits.max_header_bytes;
         match (c.phase, &c.req) {
             (Phase::Head, _) => head_max + 1,
@@ -92,7 +92,7 @@ impl Shard {
     }
 
     pub(super) fn parse_head(&mut self, key: usize) -> bool {
-        let limits = &self.shared.limits;
+        let limits = &self.gen.limits;
         let Conn::Client(c) = &mut self.conns[key] else { return false };
         if c.rlen == 0 {
             return false;
@@ -138,6 +138,9 @@ impl Shard {
                     status: 0,
                     keep_alive,
                     complete: None,
+                    bytes_out: 0,
+                    ttfb: None,
+                    failure: None,
                 }));
                 c.phase = Phase::Body;
                 if expect {
@@ -196,11 +199,11 @@ impl Shard {
         if method == b"POST" && path.starts_with(b"/v1/") {
             return self.inference(key);
         }
-        let shared = Arc::clone(&self.shared);
+        let gen = Arc::clone(&self.gen);
         match (method, path) {
-            (b"GET", b"/v1/models") => self.respond(key, 200, &shared.models_json),
+            (b"GET", b"/v1/models") => self.respond(key, 200, &gen.models_json),
             (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#),
-            (b"GET", b"/readyz") if shared.ready() => {
+            (b"GET", b"/readyz") if gen.ready() => {
                 self.respond(key, 200, br#"{"status":"ready"}"#);
             }
             (b"GET", b"/readyz") => self.respond(
@@ -215,6 +218,7 @@ impl Shard {
     /// An inference request: find its model and session, and queue it.
     pub(super) fn inference(&mut self, key: usize) {
         let shared = Arc::clone(&self.shared);
+        let gen = Arc::clone(&self.gen);
         let shard = self.index;
         let Conn::Client(c) = &mut self.conns[key] else { return };
         let req = c.req.as_mut().expect("a request");
@@ -229,7 +233,7 @@ impl Shard {
                 return self.router_error(key, 400, "invalid_request", &message, None);
             }
         };
-        let Some(&model) = shared.by_name.get(&*field.value) else {
+        let Some(&model) = gen.by_name.get(&*field.value) else {
             let message = format!("model {:?} is not configured", &*field.value);
             return self.router_error(key, 404, "model_not_found", &message, None);
         };
@@ -239,8 +243,8 @@ impl Shard {
         req.model = Some(model);
         req.streaming = streaming;
         req.model_token = token;
-        let m = &shared.models[usize::from(model)];
-        let session = if m.session_header == shared.limits.session_header {
+        let m = &gen.models[usize::from(model)];
+        let session = if m.session_header == gen.limits.session_header {
             Ok(req.head.session_id(&c.rbuf))
         } else {
             session_value(req.head.headers.get(&c.rbuf, &m.session_header))
@@ -255,7 +259,7 @@ impl Shard {
             return self.router_error(key, 503, "unavailable", "shutting down", Some(model));
         }
         let held = req.raw_len as u64 + req.decoded.len() as u64;
-        if self.buffered + held > shared.config.server.max_buffered_bytes {
+        if self.buffered + held > gen.config.server.max_buffered_bytes {
             let message = "buffered request bytes budget exhausted";
             return self.router_error(key, 503, "unavailable", message, Some(model));
         }
@@ -282,6 +286,8 @@ impl Shard {
 
     /// A scheduler's decision about one of this shard's requests.
     pub(super) fn decision(&mut self, output: Output) {
+        // An admission may name a backend that a reload added and this shard has not seen yet.
+        self.refresh();
         let id = match output {
             Output::Admit { id, .. } | Output::Reject { id, .. } => id,
         };
@@ -413,6 +419,9 @@ impl Shard {
                 Ok(n) => {
                     c.wpos += n;
                     progressed = true;
+                    if let Some(req) = c.req.as_mut() {
+                        req.bytes_out += n as u64;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -469,6 +478,12 @@ impl Shard {
             let elapsed = self.rate.duration(now.saturating_sub(req.started));
             self.metrics.models[usize::from(model)].duration.observe(elapsed);
         }
+        let outcome = match (req.failure, req.ttfb) {
+            (Some(kind), _) => Outcome::UpstreamFailed(kind),
+            (None, Some(_)) => Outcome::Relayed,
+            (None, None) => Outcome::Router,
+        };
+        self.log_request(key, &req, outcome, now);
         let shutting = self.shared.shutting_down.load(Ordering::Acquire);
         let c = self.client(key);
         let closing = c.closing || !req.keep_alive || shutting;
@@ -504,6 +519,7 @@ impl Shard {
         let phase = c.phase;
         let req = c.req.take();
         if let Some(mut req) = req {
+            self.log_request(key, &req, Outcome::ClientGone, self.clock.now());
             self.buffered -= std::mem::take(&mut req.buffered);
             ShardMetrics::set(&self.metrics.buffered, self.buffered);
             match (phase, req.model) {
@@ -536,5 +552,49 @@ impl Shard {
             self.clients -= 1;
             ShardMetrics::set(&self.metrics.open, self.clients as u64);
         }
+    }
+
+    /// Appends the access-log line of `req`, which ended with `outcome` at `now` (a no-op
+    /// when the log is off).
+    pub(super) fn log_request(&mut self, key: usize, req: &Request, outcome: Outcome, now: Tick) {
+        let Some(log) = &self.log else { return };
+        let Some(Conn::Client(c)) = self.conns.get(key) else { return };
+        let gen = &self.gen;
+        let model = req.model.map(|m| &gen.models[usize::from(m)]);
+        let session = match model {
+            Some(m) if m.session_header != gen.limits.session_header => {
+                session_value(req.head.headers.get(&c.rbuf, &m.session_header)).ok().flatten()
+            }
+            _ => req.head.session_id(&c.rbuf),
+        };
+        let mut generated = [0u8; 19];
+        let request_id = match req.head.request_id {
+            Some(span) => Some(span.get(&c.rbuf)),
+            None if req.id.0 != 0 => Some(format_request_id(req.id, &mut generated)),
+            None => None,
+        };
+        let admission = req.admission;
+        let record = access_log::Record {
+            time: crate::clock::wall_time(),
+            request_id,
+            method: req.head.method(&c.rbuf),
+            path: req.head.path(&c.rbuf),
+            model: model.map(|m| m.name.as_str()),
+            session,
+            backend: model
+                .zip(admission)
+                .map(|(m, a)| m.backends[usize::from(a.backend)].authority.as_str()),
+            status: req.status,
+            lane: admission.map(|a| a.lane),
+            queue_wait: admission.map(|a| self.rate.duration(a.waited)),
+            ttfb: req.ttfb.map(|t| self.rate.duration(t)),
+            total: self.rate.duration(now.saturating_sub(req.started)),
+            bytes_in: (req.raw_len.min(c.rlen)) as u64,
+            bytes_out: req.bytes_out,
+            outcome,
+        };
+        self.log_line.clear();
+        access_log::format_line(&record, &mut self.log_line);
+        log.push(&self.log_line);
     }
 }

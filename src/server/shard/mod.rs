@@ -42,8 +42,9 @@ use crate::protocol::{
 use crate::scheduler::wheel::{TimerKey, TimerWheel};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
 
+use super::access_log::{self, Outcome, ShardLog};
 use super::metrics::{ShardMetrics, UpstreamError};
-use super::{ShardHost, ShardRing, Shared};
+use super::{Generation, ShardHost, ShardRing, Shared};
 
 mod client;
 mod upstream;
@@ -73,8 +74,8 @@ const KEY_BITS: u32 = 24;
 pub struct Setup {
     pub index: u16,
     pub poll: Poll,
-    /// The schedulers this shard runs.
-    pub hosted: Vec<ShardHost>,
+    /// The schedulers this shard runs, with their models' indices.
+    pub hosted: Vec<(u16, ShardHost)>,
     pub listener: TcpListener,
     pub ring: Arc<ShardRing>,
     pub shared: Arc<Shared>,
@@ -146,6 +147,12 @@ struct Request {
     keep_alive: bool,
     /// The response is complete in `wbuf`; `Some(success)` waits for the flush to report it.
     complete: Option<bool>,
+    /// Response bytes written to the client (the access log's `bytes_out`).
+    bytes_out: u64,
+    /// Forwarded to the backend's response head, once it came.
+    ttfb: Option<Tick>,
+    /// The backend failed after response bytes were relayed (the stream was cut).
+    failure: Option<UpstreamError>,
 }
 
 #[derive(Debug)]
@@ -228,12 +235,16 @@ struct Shard {
     poll: Poll,
     /// The schedulers this shard runs, and their decisions for this shard's own requests.
     hosted: Vec<ShardHost>,
+    /// The model of each hosted scheduler.
+    hosted_models: Vec<u16>,
     local: std::collections::VecDeque<Output>,
     /// Drained during shutdown (counted off `Shared::shards_busy`).
     drained: bool,
     listener: Option<TcpListener>,
     ring: Arc<ShardRing>,
     shared: Arc<Shared>,
+    /// The configuration generation this shard works with (see `refresh`).
+    gen: Arc<Generation>,
     metrics: Arc<ShardMetrics>,
     conns: Slab<Conn>,
     /// Idle upstream connections, `[model][backend]`.
@@ -243,6 +254,7 @@ struct Shard {
     rate: TickRate,
     clients: usize,
     max_clients: usize,
+    shard_count: usize,
     serial: u64,
     buffered: u64,
     /// Inputs that did not fit their model's inbox, oldest first.
@@ -255,6 +267,9 @@ struct Shard {
     again: Vec<usize>,
     timeouts: Timeouts,
     drain_deadline: Option<Tick>,
+    /// This shard's access-log buffer, when the log is on, and the line being formatted.
+    log: Option<Arc<ShardLog>>,
+    log_line: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -266,40 +281,61 @@ struct Timeouts {
     upstream_header: Tick,
 }
 
-impl Shard {
-    fn new(setup: Setup) -> io::Result<Shard> {
-        let shared = setup.shared;
-        let model_count = shared.models.len();
-        let clock = shared.clock.clone();
-        let rate = clock.rate();
-        let server = &shared.config.server;
-        let upstream = &shared.config.upstream;
-        let timeouts = Timeouts {
+impl Timeouts {
+    fn of(gen: &Generation, rate: TickRate) -> Timeouts {
+        let (server, upstream) = (&gen.config.server, &gen.config.upstream);
+        Timeouts {
             header: rate.ticks(server.header_timeout),
             body: rate.ticks(server.body_timeout),
             idle: rate.ticks(server.idle_timeout),
             connect: rate.ticks(upstream.connect_timeout),
             upstream_header: rate.ticks(upstream.header_timeout),
-        };
-        let max_clients = (server.max_connections as usize).div_ceil(setup.shard_count).max(1);
-        let idle_per_backend = upstream.max_idle_per_backend as usize;
+        }
+    }
+}
+
+/// This shard's share of `max_connections`.
+fn max_clients(gen: &Generation, shard_count: usize) -> usize {
+    (gen.config.server.max_connections as usize).div_ceil(shard_count).max(1)
+}
+
+impl Shard {
+    fn new(setup: Setup) -> io::Result<Shard> {
+        let shared = setup.shared;
+        let gen = shared.generation();
+        let model_count = gen.models.len();
+        let clock = shared.clock.clone();
+        let rate = clock.rate();
+        let timeouts = Timeouts::of(&gen, rate);
+        let max_clients = max_clients(&gen, setup.shard_count);
+        let idle_per_backend = gen.config.upstream.max_idle_per_backend as usize;
         let upstream_conns: usize =
-            shared.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum::<usize>();
+            gen.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum::<usize>();
         // One timer per connection at most: clients, their upstream exchanges, idle upstreams.
+        // A reload that raises the bounds grows the wheel (`refresh`).
         let timer_capacity = 2 * max_clients + upstream_conns + 16;
         let mut listener = setup.listener;
         setup.poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
-        let pools = shared.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect();
+        let pools = gen.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect();
         let now = clock.now();
+        let log = shared.access_logs.get(usize::from(setup.index)).cloned();
+        let metrics = Arc::clone(
+            &shared.shard_metrics[usize::from(setup.index)]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        let (hosted_models, hosted) = setup.hosted.into_iter().unzip();
         Ok(Shard {
             index: setup.index,
             poll: setup.poll,
-            hosted: setup.hosted,
+            hosted,
+            hosted_models,
             local: std::collections::VecDeque::new(),
             drained: false,
             listener: Some(listener),
             ring: setup.ring,
-            metrics: Arc::clone(&shared.shard_metrics[usize::from(setup.index)]),
+            metrics,
+            gen,
             shared,
             conns: Slab::with_capacity(1024),
             pools,
@@ -308,6 +344,7 @@ impl Shard {
             rate,
             clients: 0,
             max_clients,
+            shard_count: setup.shard_count,
             serial: 0,
             buffered: 0,
             backlog: std::collections::VecDeque::new(),
@@ -316,6 +353,8 @@ impl Shard {
             dirty: vec![false; model_count],
             timeouts,
             drain_deadline: None,
+            log,
+            log_line: Vec::with_capacity(1024),
         })
     }
 
@@ -323,6 +362,7 @@ impl Shard {
         let mut events = Events::with_capacity(1024);
         let mut expired = Vec::new();
         loop {
+            self.refresh();
             self.wake_schedulers();
             let timeout = self.poll_timeout();
             // Announce sleep on every ring this loop consumes; any non-empty one means no sleep.
@@ -423,13 +463,72 @@ impl Shard {
         }
     }
 
+    // ----- live reconfiguration -----
+
+    /// Adopts the newest configuration generation, if a reload published one: one atomic load
+    /// when there is none.
+    pub(super) fn refresh(&mut self) {
+        let number = self.shared.generation_number.load(Ordering::Acquire);
+        if number != self.gen.number {
+            self.adopt(self.shared.generation());
+        }
+    }
+
+    /// Switches to `gen`: grows the pools, counters and per-model scratch to its tables (indices
+    /// are stable across generations), closes idle connections to backends it removed, takes
+    /// the schedulers of new models this shard hosts and reconfigures the ones it hosted.
+    fn adopt(&mut self, gen: Arc<Generation>) {
+        for (index, model) in gen.models.iter().enumerate() {
+            if index == self.pools.len() {
+                self.pools.push(Vec::new());
+            }
+            self.pools[index].resize(model.backends.len(), Vec::new());
+            for (backend, addr) in model.backends.iter().enumerate() {
+                if !addr.live {
+                    for up in std::mem::take(&mut self.pools[index][backend]) {
+                        self.close_upstream(up);
+                    }
+                }
+            }
+        }
+        self.dirty.resize(gen.models.len(), false);
+        let grown = Arc::new(self.metrics.grown(&gen));
+        let slot = &self.shared.shard_metrics[usize::from(self.index)];
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&grown);
+        self.metrics = grown;
+        self.timeouts = Timeouts::of(&gen, self.rate);
+        self.max_clients = max_clients(&gen, self.shard_count);
+        let idle_per_backend = gen.config.upstream.max_idle_per_backend as usize;
+        let upstream_conns: usize =
+            gen.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum();
+        self.wheel.reserve(2 * self.max_clients + upstream_conns + 16);
+        let slot = &self.shared.new_hosts[usize::from(self.index)];
+        let new = std::mem::take(&mut *slot.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = self.clock.now();
+        for (model, host) in &mut self.hosted_models.iter().zip(&mut self.hosted) {
+            let m = &gen.models[usize::from(*model)];
+            if m.live {
+                host.reconfigure(
+                    now,
+                    gen.params(usize::from(*model), self.rate),
+                    &m.live_backends(),
+                );
+            }
+        }
+        for (model, host) in new {
+            self.hosted_models.push(model);
+            self.hosted.push(host);
+        }
+        self.gen = gen;
+    }
+
     // ----- shutdown (S13) -----
 
     /// Shutdown progress; true when the shard may exit.
     fn drain(&mut self, now: Tick) -> bool {
         if let Some(mut listener) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut listener);
-            let drain = self.shared.config.server.drain_timeout;
+            let drain = self.gen.config.server.drain_timeout;
             self.drain_deadline = Some(now + self.rate.ticks(drain));
             // Idle keep-alive connections close now; busy ones close after their response.
             let idle: Vec<usize> = self
@@ -648,7 +747,7 @@ impl Shard {
             self.backlog.push_back((model, input));
             return;
         }
-        match self.shared.models[usize::from(model)].inbox.push_quiet(input) {
+        match self.gen.models[usize::from(model)].inbox.push_quiet(input) {
             Ok(()) => self.dirty[usize::from(model)] = true,
             Err(input) => self.backlog.push_back((model, input)),
         }
@@ -656,7 +755,7 @@ impl Shard {
 
     fn flush_backlog(&mut self) {
         while let Some((model, input)) = self.backlog.pop_front() {
-            match self.shared.models[usize::from(model)].inbox.push_quiet(input) {
+            match self.gen.models[usize::from(model)].inbox.push_quiet(input) {
                 Ok(()) => self.dirty[usize::from(model)] = true,
                 Err(input) => {
                     self.backlog.push_front((model, input));
@@ -669,7 +768,7 @@ impl Shard {
     /// Wakes the schedulers this iteration sent inputs to: one wake per model per loop
     /// iteration rather than one per input (a futex syscall each, on both threads).
     fn wake_schedulers(&mut self) {
-        for (model, dirty) in self.shared.models.iter().zip(&mut self.dirty) {
+        for (model, dirty) in self.gen.models.iter().zip(&mut self.dirty) {
             if std::mem::take(dirty) {
                 model.inbox.wake_if_sleeping();
             }

@@ -7,7 +7,7 @@ impl Shard {
     /// Sends the admitted request of client `key` to its backend over a pooled or new
     /// connection.
     pub(super) fn forward(&mut self, key: usize) {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.gen);
         let Conn::Client(c) = &mut self.conns[key] else { return };
         let req = c.req.as_mut().expect("an admitted request");
         let model = req.model.expect("an inference request");
@@ -165,7 +165,7 @@ impl Shard {
     /// straight from the client's buffer (with the model token swapped for `upstream_model`'s),
     /// in vectored writes.
     pub(super) fn flush_upstream(&mut self, up: usize) {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.gen);
         let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
             return;
         };
@@ -268,9 +268,10 @@ impl Shard {
 
     /// Moves response bytes from the backend's buffer to the client's, as the framing says.
     pub(super) fn relay(&mut self, up: usize) {
-        let debug_headers = self.shared.config.server.debug_headers;
+        let debug_headers = self.gen.config.server.debug_headers;
+        let gen = Arc::clone(&self.gen);
         let shared = Arc::clone(&self.shared);
-        let max_head = shared.config.server.max_header_bytes as usize;
+        let max_head = gen.config.server.max_header_bytes as usize;
         let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
             return;
         };
@@ -297,8 +298,9 @@ impl Shard {
                 return self.relay(up);
             }
             let now = self.clock.now();
-            let ttfb = self.rate.duration(now.saturating_sub(req.forwarded_at));
-            self.metrics.models[model].ttfb.observe(ttfb);
+            let ttfb = now.saturating_sub(req.forwarded_at);
+            req.ttfb = Some(ttfb);
+            self.metrics.models[model].ttfb.observe(self.rate.duration(ttfb));
             // During a drain (S13) the connection closes after this response.
             let shutting = shared.shutting_down.load(Ordering::Acquire);
             let client =
@@ -310,7 +312,7 @@ impl Shard {
                 &mut wait,
             );
             let backend =
-                shared.models[model].backends[usize::from(admission.backend)].authority.as_bytes();
+                gen.models[model].backends[usize::from(admission.backend)].authority.as_bytes();
             let lane = match admission.lane {
                 Lane::Retry | Lane::Normal => b"normal".as_slice(),
                 Lane::Boosted => b"boosted",
@@ -447,6 +449,7 @@ impl Shard {
                     // Bytes were relayed: the status stands; end the stream without its end
                     // (no final chunk) and close.
                     req.complete = Some(false);
+                    req.failure = Some(kind);
                     c.closing = true;
                     c.phase = Phase::Done;
                     self.flush_client(client);
@@ -471,7 +474,7 @@ impl Shard {
     }
 
     pub(super) fn return_to_pool(&mut self, up: usize) {
-        let max_idle = self.shared.config.upstream.max_idle_per_backend as usize;
+        let max_idle = self.gen.config.upstream.max_idle_per_backend as usize;
         let u = self.upstream(up);
         let (model, backend) = (usize::from(u.model), usize::from(u.backend));
         let pool = &mut self.pools[model][backend];

@@ -1,0 +1,266 @@
+//! Configuration generations: what the dataplane reads of the configuration, rebuilt whole on
+//! each live reload and swapped in by every thread at its own pace.
+//!
+//! A [`Generation`] is immutable once published. Model and backend *indices are stable across
+//! generations*: a model or backend that leaves the configuration stays in the tables, marked
+//! not `live` (a removed model answers 404 to new requests while its queued and in-flight ones
+//! finish; a removed backend gets no new admissions while its in-flight ones finish), and one
+//! that comes back takes its old index. New ones are appended. So a request, a pool, a counter or
+//! a scheduler slot indexed under one generation means the same thing under the next, and
+//! threads never have to agree on a switch-over moment. The price: the tables only grow, so a
+//! model's backend table is capped at [`BACKENDS_MAX`] entries, live or not (a restart compacts).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+
+use hashbrown::HashMap;
+
+use crate::clock::{Clock, TickRate};
+use crate::config::{Config, ModelConfig};
+use crate::control::scrape::EngineKind;
+use crate::control::thread::Target;
+use crate::protocol::Limits;
+use crate::ring::Ring;
+use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
+use crate::scheduler::{Params, Scheduler};
+
+use super::{ShardHost, ShardRing, RING_CAPACITY};
+
+/// Backends a model's table may hold, removed ones included.
+pub const BACKENDS_MAX: usize = 1024;
+/// Models the table may hold, removed ones included.
+pub const MODELS_MAX: usize = 1024;
+
+/// One backend of a model.
+#[derive(Debug, Clone)]
+pub struct BackendAddr {
+    /// The resolved address.
+    pub addr: SocketAddr,
+    /// `host:port` as configured: the `Host` sent to an HTTP/1.0 client's backend, and the
+    /// metrics label.
+    pub authority: String,
+    /// In the configuration of this generation (else it only finishes its in-flight requests).
+    pub live: bool,
+}
+
+/// A model as the dataplane sees it.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub name: String,
+    /// Its effective configuration, as of the last generation it was configured in.
+    pub config: ModelConfig,
+    /// The in-place rewrite of `"model"`: `upstream_model` as a JSON string token.
+    pub upstream_model_json: Option<Vec<u8>>,
+    /// The session header, lowercase.
+    pub session_header: String,
+    pub backends: Vec<BackendAddr>,
+    pub inbox: Arc<Inbox>,
+    pub report: Arc<Mutex<Report>>,
+    /// In the configuration of this generation (else it takes no new requests).
+    pub live: bool,
+}
+
+impl Model {
+    /// Which backends are live, by index.
+    pub fn live_backends(&self) -> Vec<bool> {
+        self.backends.iter().map(|b| b.live).collect()
+    }
+}
+
+/// The configuration as the dataplane reads it, one generation.
+#[derive(Debug)]
+pub struct Generation {
+    /// 1 at start, one more per accepted reload.
+    pub number: u64,
+    pub config: Config,
+    /// Every model ever configured since start, by stable index.
+    pub models: Vec<Model>,
+    /// Live model name to index.
+    pub by_name: HashMap<String, u16>,
+    /// Request limits of `[server]` with `[queue].session_header`.
+    pub limits: Limits,
+    /// The body of `GET /v1/models`.
+    pub models_json: Vec<u8>,
+}
+
+/// A model that needs a scheduler: the host to run on shard `home`.
+#[derive(Debug)]
+pub struct NewHost {
+    pub home: usize,
+    pub model: u16,
+    pub host: ShardHost,
+}
+
+impl Generation {
+    /// Generation `number` of `config`, reusing the models and backends of `previous` (and
+    /// their inboxes and reports); new models get a scheduler, returned as [`NewHost`]s for
+    /// their home shards. Fails when a new backend does not resolve or a table would overflow.
+    pub fn build(
+        number: u64,
+        config: Config,
+        previous: Option<&Generation>,
+        clock: &Clock,
+        rings: &[Arc<ShardRing>],
+    ) -> Result<(Generation, Vec<NewHost>), String> {
+        let mut models: Vec<Model> = previous.map_or_else(Vec::new, |p| p.models.clone());
+        // A model that leaves the configuration keeps its backends as they were, so that its
+        // queued requests are still served; it only stops taking new ones.
+        for model in &mut models {
+            model.live = false;
+        }
+        let mut hosts = Vec::new();
+        for model_config in &config.models {
+            let index = match models.iter().position(|m| m.name == model_config.name) {
+                Some(index) => index,
+                None => {
+                    if models.len() >= MODELS_MAX {
+                        return Err(format!("more than {MODELS_MAX} models since start"));
+                    }
+                    let home = models.len() % rings.len();
+                    let (model, host) = new_model(model_config, &config, clock, rings, home)?;
+                    models.push(model);
+                    let model = u16::try_from(models.len() - 1).expect("MODELS_MAX fits u16");
+                    hosts.push(NewHost { home, model, host });
+                    models.len() - 1
+                }
+            };
+            let model = &mut models[index];
+            update_model(model, model_config)?;
+        }
+        let by_name = (0u16..)
+            .zip(&models)
+            .filter(|(_, m)| m.live)
+            .map(|(i, m)| (m.name.clone(), i))
+            .collect();
+        let limits = Limits {
+            max_header_bytes: config.server.max_header_bytes as usize,
+            max_body_bytes: config.server.max_body_bytes,
+            session_header: config.queue.session_header.to_ascii_lowercase(),
+            ..Limits::default()
+        };
+        let models_json = models_json(&models);
+        let generation = Generation { number, config, models, by_name, limits, models_json };
+        Ok((generation, hosts))
+    }
+
+    /// The scheduler parameters of model `index` in this generation (its backend count is the
+    /// whole table's, removed backends included).
+    pub fn params(&self, index: usize, rate: TickRate) -> Params {
+        let model = &self.models[index];
+        let mut params = Params::for_model(&model.config, &self.config.upstream, rate);
+        params.backends = u16::try_from(model.backends.len()).expect("BACKENDS_MAX fits u16");
+        params
+    }
+
+    /// The control thread's targets: every live backend of every live model.
+    pub fn targets(&self) -> Vec<Target> {
+        let mut targets = Vec::new();
+        for model in self.models.iter().filter(|m| m.live) {
+            for (index, backend) in (0u16..).zip(&model.backends) {
+                if backend.live {
+                    targets.push(Target {
+                        inbox: Arc::clone(&model.inbox),
+                        backend: index,
+                        addr: backend.authority.clone(),
+                        engine: EngineKind::for_engine(model.config.engine),
+                    });
+                }
+            }
+        }
+        targets
+    }
+
+    /// Whether every live model has at least one healthy, non-ejected live backend (`/readyz`).
+    pub fn ready(&self) -> bool {
+        self.models.iter().filter(|m| m.live).all(|model| {
+            let report = model.report.lock().unwrap_or_else(|e| e.into_inner());
+            (model.backends.iter().zip(&report.backends))
+                .any(|(backend, b)| backend.live && b.healthy && !b.ejected)
+        })
+    }
+}
+
+/// A model's entry and scheduler, with its configured backends resolved.
+fn new_model(
+    model: &ModelConfig,
+    config: &Config,
+    clock: &Clock,
+    rings: &[Arc<ShardRing>],
+    home: usize,
+) -> Result<(Model, ShardHost), String> {
+    let backends = model
+        .backends
+        .iter()
+        .map(|authority| resolve(&model.name, authority))
+        .collect::<Result<Vec<_>, _>>()?;
+    let params = Params::for_model(model, &config.upstream, clock.rate());
+    let scheduler = Scheduler::new(params, clock.now());
+    let waker = InboxWaker::Loop(Arc::clone(rings[home].waker()));
+    let inbox = Arc::new(Ring::new(RING_CAPACITY, waker));
+    let host = Host::new(scheduler, Arc::clone(&inbox), rings.to_vec());
+    let entry = Model {
+        name: model.name.clone(),
+        config: model.clone(),
+        upstream_model_json: None,
+        session_header: String::new(),
+        backends,
+        inbox,
+        report: Arc::clone(host.report()),
+        live: true,
+    };
+    Ok((entry, host))
+}
+
+/// Brings `model` to `config`: its settings, and its backends (kept by authority, new ones
+/// appended and resolved).
+fn update_model(model: &mut Model, config: &ModelConfig) -> Result<(), String> {
+    model.live = true;
+    model.config = config.clone();
+    model.upstream_model_json = config.upstream_model.as_deref().map(|name| {
+        let mut json = Vec::new();
+        crate::protocol::write_json_string(name, &mut json);
+        json
+    });
+    model.session_header = config.queue.session_header.to_ascii_lowercase();
+    model.backends.iter_mut().for_each(|b| b.live = false);
+    for authority in &config.backends {
+        match model.backends.iter_mut().find(|b| &b.authority == authority) {
+            Some(backend) => backend.live = true,
+            None => {
+                if model.backends.len() >= BACKENDS_MAX {
+                    return Err(format!(
+                        "model {:?}: more than {BACKENDS_MAX} backends since start (restart to \
+                         compact)",
+                        model.name
+                    ));
+                }
+                let mut backend = resolve(&model.name, authority)?;
+                backend.live = true;
+                model.backends.push(backend);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn resolve(model: &str, authority: &str) -> Result<BackendAddr, String> {
+    let resolved = authority.to_socket_addrs().ok().and_then(|mut a| a.next());
+    match resolved {
+        Some(addr) => Ok(BackendAddr { addr, authority: authority.to_owned(), live: true }),
+        None => Err(format!("model {model:?}: backend {authority:?} does not resolve")),
+    }
+}
+
+/// `{"object":"list","data":[{"id":...,"object":"model","created":0,"owned_by":"warmpath"}]}`
+/// of the live models.
+fn models_json(models: &[Model]) -> Vec<u8> {
+    let data: Vec<serde_json::Value> = models
+        .iter()
+        .filter(|m| m.live)
+        .map(|m| {
+            serde_json::json!({"id": m.name, "object": "model", "created": 0, "owned_by": "warmpath"})
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
+        .expect("serialising a JSON value")
+}

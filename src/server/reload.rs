@@ -1,0 +1,130 @@
+//! Live reconfiguration: on SIGHUP or `POST /admin/reload`, read the configuration file again
+//! (with the same environment and command-line overrides) and apply it without dropping a
+//! connection or a queued request.
+//!
+//! A reload builds a new [`Generation`] from the file and the active one (model and backend
+//! indices stay stable; see `generation.rs`), hands the schedulers of new models to their home
+//! shards' mailboxes, gives the control thread its new targets, and publishes the generation.
+//! Each shard adopts it at the top of its next loop iteration (or before acting on an admission
+//! that names a backend it does not know yet): it grows its pools and counters, closes idle
+//! connections to removed backends, and reconfigures the schedulers it hosts
+//! ([`Scheduler::reconfigure`](crate::scheduler::Scheduler::reconfigure)) on its own thread,
+//! so each scheduler keeps its single writer. A file that does not load or validate, or a new
+//! backend that does not resolve, is refused: the active generation stays, and the error is
+//! returned and logged.
+//!
+//! Keys that cannot change in a running process keep their running value, with a warning:
+//! the listeners, `shards`, `pin_cores`, `access_log`, and each model's `max_sessions` (the
+//! session tracker's capacity is fixed at start). `/debug/config` shows what is in effect.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::control::thread::{ControlSettings, Plan};
+
+use super::{Generation, Shared};
+
+/// Reloads the configuration file into a new generation; returns its number, or why the file
+/// was refused (the active generation stays). Logs either way on standard error.
+pub fn reload(shared: &Shared) -> Result<u64, String> {
+    let result = try_reload(shared);
+    match &result {
+        Ok(number) => eprintln!("warmpath: reload: generation {number} active"),
+        Err(error) => {
+            shared.reloads_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "warmpath: reload refused, generation {} stays: {error}",
+                shared.generation().number
+            );
+        }
+    }
+    result
+}
+
+fn try_reload(shared: &Shared) -> Result<u64, String> {
+    let _reload = shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+    if shared.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+        return Err("shutting down".into());
+    }
+    let Some(source) = &shared.source else {
+        return Err("no configuration file to reload (started without --config)".into());
+    };
+    let config = Config::load(Some(&source.path), &source.env, &source.overrides)
+        .map_err(|e| e.to_string())?;
+    let active = shared.generation();
+    let (config, kept) = keep_restart_only(&active.config, config);
+    let number = active.number + 1;
+    let (generation, hosts) =
+        Generation::build(number, config, Some(&active), &shared.clock, &shared.rings)?;
+    for warning in kept {
+        eprintln!("warmpath: reload: {warning}");
+    }
+    for new in hosts {
+        let mut mailbox = shared.new_hosts[new.home].lock().unwrap_or_else(|e| e.into_inner());
+        mailbox.push((new.model, new.host));
+    }
+    let plan = Plan {
+        targets: generation.targets(),
+        settings: ControlSettings::from_config(&generation.config.upstream),
+    };
+    *shared.control_plan.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(plan);
+    shared.publish(Arc::new(generation));
+    Ok(number)
+}
+
+/// `new` with the running values of the keys a running process cannot change, and a warning
+/// for each one the file changed.
+fn keep_restart_only(active: &Config, mut new: Config) -> (Config, Vec<String>) {
+    let mut kept = Vec::new();
+    let (old, server) = (&active.server, &mut new.server);
+    let mut keep = |key: &str, changed: bool, running: String| {
+        if changed {
+            kept.push(format!("server.{key} needs a restart; keeping {running}"));
+        }
+    };
+    keep("listen", server.listen != old.listen, old.listen.to_string());
+    keep("admin_listen", server.admin_listen != old.admin_listen, old.admin_listen.to_string());
+    keep("shards", server.shards != old.shards, old.shards.to_string());
+    keep("pin_cores", server.pin_cores != old.pin_cores, old.pin_cores.to_string());
+    keep("access_log", server.access_log != old.access_log, old.access_log.name());
+    server.listen = old.listen;
+    server.admin_listen = old.admin_listen;
+    server.shards = old.shards;
+    server.pin_cores = old.pin_cores;
+    server.access_log = old.access_log.clone();
+    for model in &mut new.models {
+        let Some(running) = active.model(&model.name) else { continue };
+        if model.queue.max_sessions != running.queue.max_sessions {
+            kept.push(format!(
+                "model {:?}: queue.max_sessions needs a restart; keeping {}",
+                model.name, running.queue.max_sessions
+            ));
+            model.queue.max_sessions = running.queue.max_sessions;
+        }
+    }
+    (new, kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    #[test]
+    fn restart_only_keys_keep_their_running_values() {
+        let active = Config::with_models(vec![ModelConfig::new("m", vec!["a:1".into()])]);
+        let mut new = active.clone();
+        new.server.shards = 7;
+        new.server.listen = "127.0.0.1:1".parse().unwrap();
+        new.queue.timeout = std::time::Duration::from_secs(3);
+        new.models[0].queue.max_sessions = 3;
+        new.models[0].queue.max_overtakes = 5;
+        let (kept, warnings) = keep_restart_only(&active, new);
+        assert_eq!(kept.server.shards, active.server.shards);
+        assert_eq!(kept.server.listen, active.server.listen);
+        assert_eq!(kept.models[0].queue.max_sessions, active.models[0].queue.max_sessions);
+        assert_eq!(kept.models[0].queue.max_overtakes, 5, "live keys change");
+        assert_eq!(kept.queue.timeout, std::time::Duration::from_secs(3));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+    }
+}

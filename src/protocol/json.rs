@@ -463,7 +463,7 @@ fn hex4(digits: &[u8]) -> Option<u32> {
 
 /// Calls `sink` with the unescaped pieces of a validated string's contents, in order, until it
 /// returns `false`.
-fn unescape(raw: &[u8], mut sink: impl FnMut(&[u8]) -> bool) {
+pub(super) fn unescape(raw: &[u8], mut sink: impl FnMut(&[u8]) -> bool) {
     let mut pos = 0;
     while pos < raw.len() {
         let end = memchr::memchr(b'\\', &raw[pos..]).map_or(raw.len(), |e| pos + e);
@@ -509,7 +509,7 @@ fn unescaped(escape: u8) -> &'static u8 {
 }
 
 /// Whether a validated string's contents unescape to exactly `target`.
-fn unescaped_eq(raw: &[u8], target: &[u8]) -> bool {
+pub(super) fn unescaped_eq(raw: &[u8], target: &[u8]) -> bool {
     let mut matched = 0;
     let mut equal = true;
     unescape(raw, |piece| {

@@ -39,6 +39,7 @@ pub mod chunked;
 pub mod error;
 pub mod forward;
 pub mod json;
+pub mod prompt;
 pub mod request;
 pub mod response;
 

@@ -280,7 +280,7 @@ impl Walk<'_, '_> {
                         walk.text(member.value);
                     }
                     Some(())
-                })
+                });
             }),
             _ => {}
         }

@@ -45,6 +45,7 @@ fn params(max_queued: u32) -> Params {
         eject_after_failures: 3,
         metrics_stale_after: 5 * SECOND,
         timer_resolution: 1 << 20,
+        prefix: warmpath::scheduler::PrefixParams::DEFAULT,
     }
 }
 
@@ -97,8 +98,13 @@ impl Steady {
     fn arrive(&mut self, session: Option<u64>) -> u64 {
         self.now += 1_000;
         self.next_id += 1;
-        let arrival =
-            Arrival { id: RequestId(self.next_id), session, prompt_tokens: 500, streaming: true };
+        let arrival = Arrival {
+            id: RequestId(self.next_id),
+            session,
+            prompt_tokens: 500,
+            streaming: true,
+            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+        };
         self.out.clear();
         self.s.handle(self.now, Input::Arrive(arrival), &mut self.out);
         self.collect();

@@ -71,6 +71,7 @@ impl Driver {
                 session,
                 prompt_tokens: 300,
                 streaming: k % 3 != 0,
+                prompt: warmpath::scheduler::prefix::NO_PROMPT,
             };
             self.send(Input::Arrive(arrival));
         }
@@ -111,6 +112,7 @@ fn no_allocation_per_request_after_warm_up() {
         eject_after_failures: 0,
         metrics_stale_after: 50 * MS,
         timer_resolution: 1 << 20,
+        prefix: warmpath::scheduler::PrefixParams::DEFAULT,
     };
     let mut driver = Driver {
         s: Scheduler::new(params, 0),

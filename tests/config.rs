@@ -383,12 +383,15 @@ fn validation_errors_name_the_model_and_key() {
         error_of(&text),
         "model \"llama\": queue.inflight_per_backend = 0: must be at least 1"
     );
+    let text = format!("{MINIMAL}[model.queue]\nprefix_block_bytes = 4\n");
+    let message = error_of(&text);
+    assert!(message.starts_with("model \"llama\": queue.prefix_block_bytes = 4"), "{message}");
+    let error = Config::from_toml_str(&text).unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Invalid);
     let prefix_cost =
         MINIMAL.replace("name = \"llama\"", "name = \"llama\"\nrouting = \"prefix-cost\"");
-    let message = error_of(&prefix_cost);
-    assert!(message.contains("prefix-cost placement is not implemented yet"), "{message}");
-    let error = Config::from_toml_str(&prefix_cost).unwrap_err();
-    assert_eq!(error.kind(), ConfigErrorKind::Invalid);
+    let config = Config::from_toml_str(&prefix_cost).expect("prefix-cost is a routing");
+    assert_eq!(config.models[0].routing, warmpath::config::Routing::PrefixCost);
 }
 
 #[test]

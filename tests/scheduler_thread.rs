@@ -31,6 +31,7 @@ fn params(timeout: Option<u64>) -> Params {
         eject_after_failures: 0,
         metrics_stale_after: u64::MAX / 4,
         timer_resolution: 1 << 20,
+        prefix: warmpath::scheduler::PrefixParams::DEFAULT,
     }
 }
 
@@ -84,7 +85,13 @@ fn shard(index: u16, count: u64, thread: Arc<SchedulerThread>, ring: Arc<ShardRi
         if sent < count {
             let id = RequestId::new(index, sent);
             let session = (sent % 3 != 0).then_some(sent % 16 + 100 * u64::from(index));
-            let arrival = Arrival { id, session, prompt_tokens: 10, streaming: false };
+            let arrival = Arrival {
+                id,
+                session,
+                prompt_tokens: 10,
+                streaming: false,
+                prompt: warmpath::scheduler::prefix::NO_PROMPT,
+            };
             send(&thread, Input::Arrive(arrival));
             sent += 1;
             while let Some(output) = ring.pop() {
@@ -137,7 +144,13 @@ fn a_queue_deadline_fires_without_traffic() {
     rings[0].waker().register();
     let arrive = |serial| {
         let id = RequestId::new(0, serial);
-        Input::Arrive(Arrival { id, session: None, prompt_tokens: 0, streaming: false })
+        Input::Arrive(Arrival {
+            id,
+            session: None,
+            prompt_tokens: 0,
+            streaming: false,
+            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+        })
     };
     for serial in 0..9 {
         send(&thread, arrive(serial));

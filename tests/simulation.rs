@@ -98,6 +98,7 @@ fn params(rng: &mut Rng) -> Params {
         eject_after_failures: rng.below(4) as u32,
         metrics_stale_after: 400 * MS,
         timer_resolution: MS,
+        prefix: warmpath::scheduler::PrefixParams::DEFAULT,
     }
 }
 
@@ -216,7 +217,13 @@ impl Sim {
         }
         let tokens = self.rng.below(4_000) as u32;
         let streaming = self.rng.chance(70);
-        let arrival = Arrival { id: RequestId(id), session, prompt_tokens: tokens, streaming };
+        let arrival = Arrival {
+            id: RequestId(id),
+            session,
+            prompt_tokens: tokens,
+            streaming,
+            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+        };
         self.input(Input::Arrive(arrival));
     }
 

@@ -186,7 +186,8 @@ pub enum Routing {
     /// The session's previous backend when eligible, else the least loaded eligible one.
     #[default]
     SessionAffinity,
-    /// S16 prefix-cost placement (planned; refused by validation for now).
+    /// S16 prefix-cost placement: where the prompt's prefix is cached, weighed against the
+    /// backlog.
     PrefixCost,
     /// The eligible backend with the fewest inflight requests.
     LeastInflight,

@@ -10,7 +10,7 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::duration::format_duration;
-use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig, Routing};
+use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
 use super::{ServerConfig, UpstreamConfig};
 
 /// Most backends one model may list (backend indices are 16-bit).
@@ -166,11 +166,6 @@ fn model(context: &str, model: &ModelConfig) -> Check {
             return Err(invalid(context, "upstream_model", quoted(upstream_model), reason));
         }
     }
-    if model.routing == Routing::PrefixCost {
-        let reason = "prefix-cost placement is not implemented yet (SPEC S16, planned); \
-                      use session-affinity, least-inflight or round-robin";
-        return Err(invalid(context, "routing", quoted(model.routing.name()), reason));
-    }
     backends(context, &model.backends)
 }
 
@@ -269,11 +264,11 @@ mod tests {
     }
 
     #[test]
-    fn prefix_cost_is_refused_for_now() {
-        let message = refused(|c| c.models[0].routing = Routing::PrefixCost);
-        let expected = "model \"llama\": routing = \"prefix-cost\": \
-                        prefix-cost placement is not implemented yet (SPEC S16, planned)";
-        assert!(message.starts_with(expected), "{message}");
+    fn prefix_cost_keys_are_bounded() {
+        let message = refused(|c| c.queue.prefix_block_bytes = 8);
+        assert!(message.contains("queue.prefix_block_bytes = 8"), "{message}");
+        let message = refused(|c| c.queue.placement_scan_max = 0);
+        assert!(message.contains("queue.placement_scan_max = 0"), "{message}");
     }
 
     #[test]

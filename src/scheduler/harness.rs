@@ -62,6 +62,7 @@ fn params(bytes: &mut Bytes) -> Params {
         eject_after_failures: bytes.below(3),
         metrics_stale_after: 8 * RESOLUTION,
         timer_resolution: RESOLUTION,
+        prefix: super::PrefixParams::DEFAULT,
     }
 }
 
@@ -124,6 +125,7 @@ fn decode_input(bytes: &mut Bytes, live: &mut Live, backends: u16, now: Tick) ->
                 session: (session_pick < 6).then_some(u64::from(session_pick)),
                 prompt_tokens: [0, 40, 700, 3000][bytes.below(4) as usize],
                 streaming: bytes.below(2) == 0,
+                prompt: super::prefix::NO_PROMPT,
             })
         }
         5 => Input::Cancel(live.pick(bytes, false)),

@@ -65,6 +65,45 @@ impl IndexedHeap {
         self.slots.first().map(|slot| slot.index)
     }
 
+    /// Appends to `out` the indices of the first `k` entries in heap order (what `k` pops would
+    /// return), without changing the heap: a best-first walk of the tree that keeps its frontier
+    /// of heap positions, at most `k + 1` of them, in `frontier` (cleared first; reused by the
+    /// caller so nothing allocates). O(k²) comparisons: meant for a small `k` (a placement scan).
+    pub fn first_k<A: HeapArena>(
+        &self,
+        k: usize,
+        arena: &A,
+        frontier: &mut Vec<u32>,
+        out: &mut Vec<u32>,
+    ) {
+        frontier.clear();
+        if k == 0 || self.slots.is_empty() {
+            return;
+        }
+        frontier.push(0);
+        let mut taken = 0;
+        while taken < k {
+            // The frontier's best position: a linear pick, the frontier being small.
+            let Some((at, &position)) = frontier.iter().enumerate().reduce(|best, next| {
+                if self.before(*next.1 as usize, *best.1 as usize, arena) {
+                    next
+                } else {
+                    best
+                }
+            }) else {
+                break;
+            };
+            frontier.swap_remove(at);
+            out.push(self.slots[position as usize].index);
+            taken += 1;
+            for child in [2 * position + 1, 2 * position + 2] {
+                if (child as usize) < self.slots.len() {
+                    frontier.push(child);
+                }
+            }
+        }
+    }
+
     /// Inserts `index` with `key`. The caller guarantees `index` is not already in the heap.
     pub fn push<A: HeapArena>(&mut self, key: u64, index: u32, arena: &mut A) {
         let position = self.slots.len();
@@ -189,6 +228,30 @@ mod tests {
         let order: Vec<u32> = std::iter::from_fn(|| heap.pop(&mut toy)).collect();
         assert_eq!(order, vec![3, 4, 1, 2, 0]);
         assert!(toy.positions.iter().all(|&p| p == NOT_IN_HEAP));
+    }
+
+    #[test]
+    fn first_k_is_what_k_pops_return() {
+        let keys = [5u64, 1, 9, 1, 7, 3, 3, 8, 2, 6, 4, 0];
+        let n = keys.len();
+        let mut toy = Toy { positions: vec![NOT_IN_HEAP; n], rank: (0..n as u64).rev().collect() };
+        let mut heap = IndexedHeap::with_capacity(n);
+        for (index, &key) in keys.iter().enumerate() {
+            heap.push(key, index as u32, &mut toy);
+        }
+        let (mut frontier, mut first) = (Vec::new(), Vec::new());
+        for k in [0, 1, 5, n, n + 3] {
+            first.clear();
+            heap.first_k(k, &toy, &mut frontier, &mut first);
+            let mut copy = IndexedHeap::with_capacity(n);
+            let mut toy2 = Toy { positions: vec![NOT_IN_HEAP; n], rank: toy.rank.clone() };
+            for (index, &key) in keys.iter().enumerate() {
+                copy.push(key, index as u32, &mut toy2);
+            }
+            let popped: Vec<u32> = std::iter::from_fn(|| copy.pop(&mut toy2)).take(k).collect();
+            assert_eq!(first, popped, "k = {k}");
+        }
+        assert_eq!(heap.len(), n);
     }
 
     #[derive(Debug, Clone)]

@@ -36,7 +36,9 @@
 //!   counted in [`Stats::stale_events`].
 
 pub mod heap;
+mod placement;
 pub mod policy;
+pub mod prefix;
 mod queue;
 pub mod tracker;
 pub mod wheel;
@@ -132,6 +134,9 @@ pub struct Arrival {
     pub prompt_tokens: u32,
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
+    /// S16: the [`prefix::PromptPool`] slot holding the prompt's block hashes, or
+    /// [`prefix::NO_PROMPT`]. The scheduler gives the slot back when the request ends.
+    pub prompt: u32,
 }
 
 /// One event for the scheduler.
@@ -200,20 +205,47 @@ pub struct Params {
     pub metrics_stale_after: Tick,
     /// Timer wheel resolution (rounded up to a power of two).
     pub timer_resolution: Tick,
+    /// S16, used when `routing` is `PrefixCost`.
+    pub prefix: PrefixParams,
+}
+
+/// The S16 parameters of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixParams {
+    /// Bytes of prompt text per hashed block.
+    pub block_bytes: u32,
+    /// Blocks remembered per backend.
+    pub index_blocks: u32,
+    /// Queued requests looked at per admission.
+    pub scan_max: u32,
+    /// How much dearer than the cheapest an eligible backend may be and still be taken.
+    pub slack_tokens: u64,
+    /// How long a request may wait for its cheapest backend.
+    pub wait_max: Tick,
+}
+
+impl PrefixParams {
+    /// SPEC's defaults, with a small index and `wait_max` of 1,000 ticks (tests).
+    pub const DEFAULT: PrefixParams = PrefixParams {
+        block_bytes: 256,
+        index_blocks: 4096,
+        scan_max: 64,
+        slack_tokens: 2048,
+        wait_max: 1000,
+    };
 }
 
 impl Params {
     /// The parameters of `model` (its effective queue) under `upstream`, with durations
     /// converted at `rate`. The wheel ticks at about a millisecond.
     ///
-    /// Panics on `routing = "prefix-cost"`, which validation refuses until S16 exists.
     pub fn for_model(model: &ModelConfig, upstream: &UpstreamConfig, rate: TickRate) -> Params {
         let queue = &model.queue;
         let routing = match model.routing {
             config::Routing::SessionAffinity => Routing::SessionAffinity,
             config::Routing::LeastInflight => Routing::LeastInflight,
             config::Routing::RoundRobin => Routing::RoundRobin,
-            config::Routing::PrefixCost => panic!("prefix-cost routing passed validation"),
+            config::Routing::PrefixCost => Routing::PrefixCost,
         };
         let backends = u16::try_from(model.backends.len()).expect("validated backend count");
         Params {
@@ -232,6 +264,13 @@ impl Params {
             eject_after_failures: upstream.eject_after_failures,
             metrics_stale_after: rate.ticks(upstream.metrics_stale_after),
             timer_resolution: rate.ticks(Duration::from_millis(1)),
+            prefix: PrefixParams {
+                block_bytes: queue.prefix_block_bytes,
+                index_blocks: queue.prefix_index_blocks,
+                scan_max: queue.placement_scan_max,
+                slack_tokens: queue.cost_slack_tokens,
+                wait_max: rate.ticks(queue.affinity_wait_max),
+            },
         }
     }
 }
@@ -253,6 +292,12 @@ pub struct Stats {
     pub affinity_hits: u64,
     pub ejections: u64,
     pub stale_events: u64,
+    /// S16: requests a placement scan passed over to wait for their cheapest backend.
+    pub placement_waits: u64,
+    /// S16: admissions by the share of the prompt's blocks matched on the chosen backend, in
+    /// buckets of a tenth ([`placement::MATCH_BUCKETS`]; bucket *i* holds shares in
+    /// ((i − 1)/10, i/10], bucket 0 exactly 0).
+    pub match_ratio: [u64; placement::MATCH_BUCKETS],
 }
 
 /// Timers expected to fall due in one poll; a burst beyond it grows the buffer once.
@@ -265,6 +310,8 @@ enum Timer {
     GraceEnd(u64),
     /// A backend's positive waiting gauge goes stale.
     Stale(u16),
+    /// S16: the earliest wait for a cheapest backend ends.
+    Placement,
 }
 
 /// A slot held for a session's follow-up (S8).
@@ -303,6 +350,8 @@ pub struct Scheduler {
     shutting_down: bool,
     expired: Vec<(Tick, Timer)>,
     stats: Stats,
+    /// S16 state, for `routing = "prefix-cost"` only.
+    prefix: Option<placement::Prefix>,
 }
 
 impl Scheduler {
@@ -316,8 +365,11 @@ impl Scheduler {
         let arena = u64::from(params.max_queued) + slots;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         let holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
-        let timers = holds_max + usize::from(params.backends);
+        let timers = holds_max + usize::from(params.backends) + 1;
+        let prefix = (params.routing == Routing::PrefixCost)
+            .then(|| placement::Prefix::new(&params, arena as u32));
         Scheduler {
+            prefix,
             gates: Gates {
                 inflight_per_backend: params.inflight_per_backend,
                 prefill_tokens_per_backend: params.prefill_tokens_per_backend,
@@ -401,9 +453,12 @@ impl Scheduler {
         let arena = u64::from(params.max_queued) + slots;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         self.queue.grow(arena as u32);
+        if let Some(prefix) = &mut self.prefix {
+            prefix.grow(&params, arena as u32);
+        }
         self.holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
         self.holds.reserve(self.holds_max);
-        self.wheel.reserve(self.holds_max + count);
+        self.wheel.reserve(self.holds_max + count + 1);
         match (self.params.queue_timeout, params.queue_timeout) {
             (Some(old), Some(new)) if old != new => {
                 self.queue.map_deadlines(|d| d.saturating_sub(old).saturating_add(new));
@@ -536,6 +591,7 @@ impl Scheduler {
             + self.holds.allocation_size()
             + self.backends.capacity() * std::mem::size_of::<Backend>()
             + self.expired.capacity() * std::mem::size_of::<(Tick, Timer)>()
+            + self.prefix.as_ref().map_or(0, placement::Prefix::heap_bytes)
     }
 
     fn fire_timers(&mut self, now: Tick, out: &mut Vec<Output>) {
@@ -547,6 +603,7 @@ impl Scheduler {
             }
             let id = RequestId(self.queue.get(index).id);
             self.unqueue(index);
+            self.drop_prompt(index);
             self.queue.free(index);
             self.stats.timeouts += 1;
             out.push(Output::Reject { id, reason: RejectReason::QueueTimeout });
@@ -563,6 +620,11 @@ impl Scheduler {
                     self.release_hold(hold.backend);
                 }
                 Timer::Stale(backend) => self.backends[usize::from(backend)].stale_timer = None,
+                Timer::Placement => {
+                    if let Some(prefix) = &mut self.prefix {
+                        prefix.timer = None;
+                    }
+                }
             }
         }
         expired.clear();
@@ -574,10 +636,12 @@ impl Scheduler {
         // Ids are unique by contract (the shards make them so); checked where checks are free.
         debug_assert!(self.queue.find(id.0).is_none(), "request id {} arrived twice", id.0);
         if self.shutting_down {
+            self.return_prompt(arrival.prompt);
             self.stats.rejected_shutdown += 1;
             return out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
         }
         if self.queue.queued() >= self.params.max_queued {
+            self.return_prompt(arrival.prompt);
             self.stats.rejected_full += 1;
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
@@ -592,6 +656,10 @@ impl Scheduler {
         entry.boost_mark = self.boosted_admits;
         entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
         let index = self.queue.alloc(entry);
+        match &mut self.prefix {
+            Some(prefix) => prefix.prompt_of[index as usize] = arrival.prompt,
+            None => debug_assert_eq!(arrival.prompt, prefix::NO_PROMPT, "a prompt without S16"),
+        }
         if let Some(completion) = completion {
             if self.grace_hit(now, index, out) {
                 return;
@@ -643,6 +711,7 @@ impl Scheduler {
             self.unqueue(index);
             self.stats.cancelled += 1;
         }
+        self.drop_prompt(index);
         self.queue.release(index);
     }
 
@@ -658,10 +727,11 @@ impl Scheduler {
     fn first_byte(&mut self, id: RequestId) {
         let Some(index) = self.admitted(id) else { return };
         let entry = *self.queue.get(index);
+        let tokens = self.backlog_tokens(index);
         let backend = &mut self.backends[usize::from(entry.backend)];
         backend.consecutive_failures = 0;
         if entry.prefill_pending {
-            backend.prefill_tokens -= u64::from(entry.prompt_tokens);
+            backend.prefill_tokens -= tokens;
             self.queue.get_mut(index).prefill_pending = false;
         }
     }
@@ -673,6 +743,7 @@ impl Scheduler {
         };
         let entry = *self.queue.get(index);
         self.release_slot(index);
+        self.drop_prompt(index);
         self.queue.release(index);
         if !success {
             return;
@@ -719,6 +790,7 @@ impl Scheduler {
             None
         };
         if let Some(reason) = reason {
+            self.drop_prompt(index);
             self.queue.free(index);
             self.count_reject(reason);
             return out.push(Output::Reject { id, reason });
@@ -790,6 +862,7 @@ impl Scheduler {
         while let Some(index) = Lane::ALL.iter().find_map(|&lane| self.queue.first(lane)) {
             let id = RequestId(self.queue.get(index).id);
             self.unqueue(index);
+            self.drop_prompt(index);
             self.queue.free(index);
             self.stats.rejected_shutdown += 1;
             out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
@@ -799,6 +872,9 @@ impl Scheduler {
 
     /// S6: admits queued requests while a backend is eligible.
     fn admit_ready(&mut self, now: Tick, out: &mut Vec<Output>) {
+        if self.prefix.is_some() && self.params.routing == Routing::PrefixCost {
+            return self.admit_by_cost(now, out);
+        }
         while self.queue.queued() > 0
             && self.model_has_room()
             && self.gates.evaluate(&self.backends, now, &mut self.eligible)
@@ -867,17 +943,18 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         self.count_admission(lane);
+        self.record_placement(now, index, backend);
+        let tokens = self.backlog_tokens(index);
         let budget_on = self.params.prefill_tokens_per_backend > 0;
         let entry = self.queue.get_mut(index);
         entry.place = Place::Admitted;
         entry.backend = backend;
         entry.prefill_pending = entry.streaming && budget_on;
-        let (id, waited, pending, tokens) =
-            (entry.id, now - entry.arrived_at, entry.prefill_pending, entry.prompt_tokens);
+        let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
         let state = &mut self.backends[usize::from(backend)];
         state.inflight += 1;
         if pending {
-            state.prefill_tokens += u64::from(tokens);
+            state.prefill_tokens += tokens;
         }
         self.inflight += 1;
         self.stats.affinity_hits += u64::from(affinity);
@@ -900,15 +977,15 @@ impl Scheduler {
 
     /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
     fn release_slot(&mut self, index: u32) {
+        let tokens = self.backlog_tokens(index);
         let entry = self.queue.get_mut(index);
-        let (backend, pending, tokens) =
-            (entry.backend, entry.prefill_pending, entry.prompt_tokens);
+        let (backend, pending) = (entry.backend, entry.prefill_pending);
         entry.place = Place::Free;
         entry.prefill_pending = false;
         let state = &mut self.backends[usize::from(backend)];
         state.inflight -= 1;
         if pending {
-            state.prefill_tokens -= u64::from(tokens);
+            state.prefill_tokens -= tokens;
         }
         self.inflight -= 1;
     }
@@ -920,10 +997,10 @@ impl Scheduler {
         self.wheel.check_invariants();
         let count = self.backends.len();
         let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
-        self.queue.for_each_admitted(|_, entry| {
+        self.queue.for_each_admitted(|index, entry| {
             inflight[usize::from(entry.backend)] += 1;
             if entry.prefill_pending {
-                prefill[usize::from(entry.backend)] += u64::from(entry.prompt_tokens);
+                prefill[usize::from(entry.backend)] += self.backlog_tokens(index);
             }
         });
         let mut holds = vec![0u32; count];
@@ -947,7 +1024,19 @@ impl Scheduler {
         let deadlines = if self.params.queue_timeout.is_some() { self.queue.queued() } else { 0 };
         assert_eq!(self.queue.deadlines_armed(), deadlines, "armed queue deadlines");
         let stale = self.backends.iter().filter(|backend| backend.stale_timer.is_some()).count();
-        assert_eq!(self.wheel.len(), self.holds.len() + stale, "timer count");
+        let placement = self.prefix.as_ref().is_some_and(|p| p.timer.is_some());
+        assert_eq!(
+            self.wheel.len(),
+            self.holds.len() + stale + usize::from(placement),
+            "timer count"
+        );
+        if let Some(prefix) = &self.prefix {
+            for index in &prefix.indexes {
+                index.check_invariants();
+            }
+            let slots = prefix.prompt_of.iter().filter(|&&p| p != prefix::NO_PROMPT).count();
+            assert_eq!(slots + prefix.pool.available(), prefix.pool.capacity(), "prompt slots");
+        }
         assert!(self.queue.queued() + self.inflight <= self.queue.capacity());
         if self.shutting_down {
             assert_eq!(self.queue.queued(), 0, "queued requests after shutdown");

@@ -20,6 +20,9 @@ pub enum Routing {
     LeastInflight,
     /// The next eligible backend in rotation.
     RoundRobin,
+    /// S16: the backend where the request's uncached prompt plus the backlog costs least
+    /// (placed by `Scheduler::place`; [`choose`] treats it as least-inflight).
+    PrefixCost,
 }
 
 /// The latest health and metrics report for a backend (from the control thread).

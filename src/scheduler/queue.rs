@@ -72,6 +72,8 @@ pub(crate) struct Entry {
     pub streaming: bool,
     /// Admitted, streaming, and no response body byte yet: counted in the prefill backlog.
     pub prefill_pending: bool,
+    /// S16: a placement scan passed it over to wait for its cheapest backend (counted once).
+    pub placement_waited: bool,
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
@@ -92,6 +94,7 @@ impl Entry {
         has_session: false,
         streaming: false,
         prefill_pending: false,
+        placement_waited: false,
     };
 
     /// A fresh entry for an arriving request.
@@ -385,6 +388,19 @@ impl Queue {
         }
         let head = self.lists[lane as usize].head;
         (head != NIL).then_some(head)
+    }
+
+    /// The request after `index` in its FIFO lane (`Retry`, `Forced`, `Normal`), or in the
+    /// boosted lane's arrival order.
+    pub fn next_in_lane(&self, index: u32) -> Option<u32> {
+        let next = self.arena.links[index as usize].lane.next;
+        (next != NIL).then_some(next)
+    }
+
+    /// Appends the first `k` boosted requests in admission order (S3) to `out`; `frontier` is
+    /// scratch space.
+    pub fn boosted_first_k(&self, k: usize, frontier: &mut Vec<u32>, out: &mut Vec<u32>) {
+        self.boosted.first_k(k, &self.arena, frontier, out);
     }
 
     /// The oldest boosted (not forced) request.

@@ -26,6 +26,7 @@ fn params() -> Params {
         eject_after_failures: 0,
         metrics_stale_after: 5_000 * MS,
         timer_resolution: 1 << 10,
+        prefix: super::PrefixParams::DEFAULT,
     }
 }
 
@@ -65,7 +66,13 @@ impl Harness {
         tokens: u32,
         streaming: bool,
     ) -> Vec<Output> {
-        let arrival = Arrival { id: RequestId(id), session, prompt_tokens: tokens, streaming };
+        let arrival = Arrival {
+            id: RequestId(id),
+            session,
+            prompt_tokens: tokens,
+            streaming,
+            prompt: super::prefix::NO_PROMPT,
+        };
         self.send(Input::Arrive(arrival))
     }
 

@@ -21,6 +21,7 @@ use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::protocol::Limits;
 use crate::ring::Ring;
+use crate::scheduler::prefix::PromptPool;
 use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
 use crate::scheduler::{Params, Scheduler};
 
@@ -56,6 +57,9 @@ pub struct Model {
     pub backends: Vec<BackendAddr>,
     pub inbox: Arc<Inbox>,
     pub report: Arc<Mutex<Report>>,
+    /// S16: where shards put the block hashes of a request's prompt (`routing = "prefix-cost"`
+    /// when the model was created; see `reload`).
+    pub prompts: Option<Arc<PromptPool>>,
     /// In the configuration of this generation (else it takes no new requests).
     pub live: bool,
 }
@@ -195,6 +199,7 @@ fn new_model(
         .collect::<Result<Vec<_>, _>>()?;
     let params = Params::for_model(model, &config.upstream, clock.rate());
     let scheduler = Scheduler::new(params, clock.now());
+    let prompts = scheduler.prompt_pool();
     let waker = InboxWaker::Loop(Arc::clone(rings[home].waker()));
     let inbox = Arc::new(Ring::new(RING_CAPACITY, waker));
     let host = Host::new(scheduler, Arc::clone(&inbox), rings.to_vec());
@@ -206,6 +211,7 @@ fn new_model(
         backends,
         inbox,
         report: Arc::clone(host.report()),
+        prompts,
         live: true,
     };
     Ok((entry, host))

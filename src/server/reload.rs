@@ -101,6 +101,28 @@ fn keep_restart_only(active: &Config, mut new: Config) -> (Config, Vec<String>) 
             ));
             model.queue.max_sessions = running.queue.max_sessions;
         }
+        // S16's prompt pool and indexes are built with the scheduler.
+        let prefix_cost = |routing| routing == crate::config::Routing::PrefixCost;
+        if prefix_cost(model.routing) != prefix_cost(running.routing) {
+            kept.push(format!(
+                "model {:?}: routing to or from prefix-cost needs a restart; keeping {}",
+                model.name,
+                running.routing.name()
+            ));
+            model.routing = running.routing;
+        }
+        let (queue, old) = (&mut model.queue, &running.queue);
+        if (queue.prefix_block_bytes, queue.prefix_index_blocks)
+            != (old.prefix_block_bytes, old.prefix_index_blocks)
+        {
+            kept.push(format!(
+                "model {:?}: queue.prefix_block_bytes and queue.prefix_index_blocks need a \
+                 restart; keeping {} and {}",
+                model.name, old.prefix_block_bytes, old.prefix_index_blocks
+            ));
+            queue.prefix_block_bytes = old.prefix_block_bytes;
+            queue.prefix_index_blocks = old.prefix_index_blocks;
+        }
     }
     (new, kept)
 }

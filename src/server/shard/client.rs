@@ -266,13 +266,28 @@ impl Shard {
         self.serial += 1;
         let serial = self.serial << KEY_BITS | key as u64;
         let id = RequestId::new(shard, serial);
+        let prompt = match &m.prompts {
+            Some(pool) => {
+                let body = match req.decoder {
+                    Some(_) => &req.decoded[..],
+                    None => &c.rbuf[req.head.head_len..req.raw_len],
+                };
+                let block = m.config.queue.prefix_block_bytes as usize;
+                hash_prompt(pool, &mut self.prompt_hasher, block, body)
+            }
+            None => NO_PROMPT,
+        };
         let arrival = Arrival {
             id,
             session,
             prompt_tokens: u32::try_from(body_len / 4).unwrap_or(u32::MAX),
             streaming: req.streaming,
+            prompt,
         };
         if m.inbox.push_quiet(Input::Arrive(arrival)).is_err() {
+            if let (Some(pool), true) = (&m.prompts, prompt != NO_PROMPT) {
+                pool.release(prompt);
+            }
             let message = "the model's scheduler inbox is full";
             return self.router_error(key, 503, "unavailable", message, Some(model));
         }
@@ -597,4 +612,15 @@ impl Shard {
         access_log::format_line(&record, &mut self.log_line);
         log.push(&self.log_line);
     }
+}
+
+/// S16: a pool slot holding the chained block hashes of `body`'s prompt, or [`NO_PROMPT`] when
+/// the pool is exhausted (the request then goes as if nothing of it were cached).
+fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body: &[u8]) -> u32 {
+    let Some(slot) = pool.acquire() else { return NO_PROMPT };
+    if hasher.block_bytes() != block {
+        *hasher = PromptHasher::new(block);
+    }
+    pool.with(slot, |hashes| hasher.hash_body(body, hashes));
+    slot
 }

@@ -33,12 +33,14 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use crate::clock::{Clock, Tick, TickRate};
+use crate::protocol::prompt::PromptHasher;
 use crate::protocol::{
     find_model, parse_request_head, parse_response_head, write_client_response_head, write_error,
     write_protocol_error, write_upstream_head, ChunkedDecoder, ChunkedEncoder, ClientInfo,
     ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
     ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
+use crate::scheduler::prefix::{PromptPool, NO_PROMPT};
 use crate::scheduler::wheel::{TimerKey, TimerWheel};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
 
@@ -270,6 +272,8 @@ struct Shard {
     /// This shard's access-log buffer, when the log is on, and the line being formatted.
     log: Option<Arc<ShardLog>>,
     log_line: Vec<u8>,
+    /// S16: cuts prompts into hashed blocks (its buffer is one block, reused).
+    prompt_hasher: PromptHasher,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -355,6 +359,7 @@ impl Shard {
             drain_deadline: None,
             log,
             log_line: Vec::with_capacity(1024),
+            prompt_hasher: PromptHasher::new(256),
         })
     }
 

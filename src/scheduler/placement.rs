@@ -1,0 +1,310 @@
+//! S16 prefix-cost placement inside the scheduler: which queued request goes where.
+//!
+//! A backend's *cost* for a request is its prefill backlog (S6.3) plus the request's prompt
+//! tokens the backend's [`PrefixIndex`] says are not cached there: `prompt_tokens − matched
+//! blocks × prefix_block_bytes / 4`. An admission scans at most `placement_scan_max` queued
+//! requests in S3 order (retry, forced, boosted by completion time, normal; normal before
+//! boosted when S5's streak bound is due) and admits the first that can go somewhere now:
+//! - a retried or forced request, or one that has waited `affinity_wait_max`, takes its
+//!   cheapest *eligible* backend (a retry avoids the backend that failed when it can);
+//! - any other request takes its cheapest backend if that one is eligible, or an eligible one
+//!   whose cost is within `cost_slack_tokens` of the cheapest; otherwise it stays queued,
+//!   *waiting for its backend*, and the scan moves on to the next request.
+//!
+//! When every scanned request waits, a wheel timer is armed for the earliest moment one of
+//! them stops waiting (its arrival plus `affinity_wait_max`), so a request never waits past
+//! that bound while a backend is eligible (SPEC section 9, defect 1).
+//!
+//! Decisions where SPEC S16 is silent:
+//! - "Cheapest" is over usable backends (healthy, not ejected, not removed), eligible or not:
+//!   that is what makes waiting for a busy home worth it. Ties: fewer inflight, then the lower
+//!   index.
+//! - Under prefix-cost the prefill backlog counts each admitted request at its *uncached*
+//!   estimate on the backend it went to, not at its whole prompt: a follow-up whose history is
+//!   cached adds only what the engine must compute, so the backlog gate and the cost both
+//!   measure work.
+//! - The index is updated at admission (every block of the prompt, first to last), so two
+//!   requests that share a system prompt and are admitted one after the other see each
+//!   other's placement.
+//! - A request without block hashes (its prompt is shorter than a block, or the prompt pool
+//!   was exhausted) costs its whole prompt everywhere: it goes where the backlog is lowest.
+
+use std::sync::Arc;
+
+use crate::clock::Tick;
+
+use super::prefix::{PrefixIndex, PromptPool, NO_PROMPT};
+use super::queue::NO_BACKEND;
+use super::wheel::TimerKey;
+use super::{Lane, Output, Params, Scheduler, Timer};
+
+/// The S16 state of a model whose routing is `prefix-cost`.
+#[derive(Debug)]
+pub(super) struct Prefix {
+    pub pool: Arc<PromptPool>,
+    /// One index per backend.
+    pub indexes: Vec<PrefixIndex>,
+    /// Per arena slot: the prompt-pool slot of the request there, or [`NO_PROMPT`].
+    pub prompt_of: Vec<u32>,
+    /// Per arena slot: the tokens the request added to its backend's prefill backlog.
+    pub backlog_of: Vec<u32>,
+    /// The fire time and key of the timer that ends the earliest wait, if armed.
+    pub timer: Option<(Tick, TimerKey)>,
+    /// Scratch: the scan's candidates and the boosted heap's frontier.
+    candidates: Vec<(u32, Lane)>,
+    boosted: Vec<u32>,
+    frontier: Vec<u32>,
+    /// Scratch: matched blocks per backend for one request.
+    matched: Vec<usize>,
+}
+
+/// Buckets of `warmpath_prefix_match_ratio`: the upper bounds of the matched share of a
+/// prompt's blocks at admission, in tenths (the last bucket is 1.0).
+pub const MATCH_BUCKETS: usize = 11;
+
+impl Prefix {
+    /// The state for `params`, with `arena` queue slots.
+    pub fn new(params: &Params, arena: u32) -> Prefix {
+        let backends = usize::from(params.backends);
+        let scan = params.prefix.scan_max as usize;
+        Prefix {
+            pool: PromptPool::new(arena),
+            indexes: (0..backends)
+                .map(|_| PrefixIndex::with_capacity(params.prefix.index_blocks as usize))
+                .collect(),
+            prompt_of: vec![NO_PROMPT; arena as usize],
+            backlog_of: vec![0; arena as usize],
+            timer: None,
+            candidates: Vec::with_capacity(scan),
+            boosted: Vec::with_capacity(scan),
+            frontier: Vec::with_capacity(scan + 1),
+            matched: vec![0; backends],
+        }
+    }
+
+    /// Room for `arena` queue slots and `backends` backends (a live reconfiguration).
+    pub fn grow(&mut self, params: &Params, arena: u32) {
+        self.prompt_of.resize(arena as usize, NO_PROMPT);
+        self.backlog_of.resize(arena as usize, 0);
+        let backends = usize::from(params.backends);
+        while self.indexes.len() < backends {
+            self.indexes.push(PrefixIndex::with_capacity(params.prefix.index_blocks as usize));
+        }
+        self.matched.resize(backends, 0);
+        let scan = params.prefix.scan_max as usize;
+        self.candidates.reserve(scan.saturating_sub(self.candidates.len()));
+        self.boosted.reserve(scan);
+        self.frontier.reserve(scan + 1);
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.indexes.iter().map(PrefixIndex::heap_bytes).sum::<usize>()
+            + self.prompt_of.capacity() * 4
+            + self.backlog_of.capacity() * 4
+    }
+}
+
+impl Scheduler {
+    /// The prompt pool shards hash into, for a `prefix-cost` model.
+    pub fn prompt_pool(&self) -> Option<Arc<PromptPool>> {
+        self.prefix.as_ref().map(|p| Arc::clone(&p.pool))
+    }
+
+    /// Blocks held by `backend`'s prefix index (0 without prefix-cost).
+    pub fn prefix_index_len(&self, backend: u16) -> usize {
+        self.prefix
+            .as_ref()
+            .and_then(|p| p.indexes.get(usize::from(backend)))
+            .map_or(0, |i| i.len())
+    }
+
+    /// Gives a pool slot back when its request could not be queued.
+    pub(super) fn return_prompt(&self, prompt: u32) {
+        if let (Some(prefix), true) = (&self.prefix, prompt != NO_PROMPT) {
+            prefix.pool.release(prompt);
+        }
+    }
+
+    /// The request in arena slot `index` ends: its prompt slot goes back to the pool.
+    pub(super) fn drop_prompt(&mut self, index: u32) {
+        if let Some(prefix) = &mut self.prefix {
+            let slot = std::mem::replace(&mut prefix.prompt_of[index as usize], NO_PROMPT);
+            if slot != NO_PROMPT {
+                prefix.pool.release(slot);
+            }
+        }
+    }
+
+    /// The tokens admitted entry `index` adds to its backend's prefill backlog.
+    pub(super) fn backlog_tokens(&self, index: u32) -> u64 {
+        match &self.prefix {
+            Some(prefix) => u64::from(prefix.backlog_of[index as usize]),
+            None => u64::from(self.queue.get(index).prompt_tokens),
+        }
+    }
+
+    /// Fills `prefix.matched` with the blocks of `index`'s prompt each backend holds; returns
+    /// the prompt's block count.
+    fn match_prompt(&mut self, index: u32) -> usize {
+        let Some(prefix) = &mut self.prefix else { return 0 };
+        prefix.matched.iter_mut().for_each(|m| *m = 0);
+        let slot = prefix.prompt_of[index as usize];
+        if slot == NO_PROMPT {
+            return 0;
+        }
+        let (indexes, matched) = (&prefix.indexes, &mut prefix.matched);
+        prefix.pool.with(slot, |hashes| {
+            for (m, index) in matched.iter_mut().zip(indexes) {
+                *m = index.matched(hashes);
+            }
+            hashes.len()
+        })
+    }
+
+    /// What `backend` would compute of entry `index`'s prompt, by the last [`match_prompt`].
+    fn uncached(&self, index: u32, backend: usize) -> u64 {
+        let prefix = self.prefix.as_ref().expect("prefix-cost state");
+        let cached = prefix.matched[backend] as u64 * u64::from(self.params.prefix.block_bytes) / 4;
+        u64::from(self.queue.get(index).prompt_tokens).saturating_sub(cached)
+    }
+
+    /// At the binding of entry `index` to `backend`: its backlog share, the match-ratio
+    /// observation, and the index update.
+    pub(super) fn record_placement(&mut self, now: Tick, index: u32, backend: u16) {
+        if self.prefix.is_none() {
+            return;
+        }
+        let blocks = self.match_prompt(index);
+        let uncached = self.uncached(index, usize::from(backend));
+        let prefix = self.prefix.as_mut().expect("checked");
+        let matched = prefix.matched[usize::from(backend)];
+        prefix.backlog_of[index as usize] = u32::try_from(uncached).unwrap_or(u32::MAX);
+        let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
+        self.stats.match_ratio[bucket.min(MATCH_BUCKETS - 1)] += 1;
+        let slot = prefix.prompt_of[index as usize];
+        if slot != NO_PROMPT {
+            let index = &mut prefix.indexes[usize::from(backend)];
+            prefix.pool.with(slot, |hashes| index.insert(hashes, now));
+        }
+    }
+
+    /// S16 admission: admits while some scanned request can be placed.
+    pub(super) fn admit_by_cost(&mut self, now: Tick, out: &mut Vec<Output>) {
+        while self.queue.queued() > 0
+            && self.model_has_room()
+            && self.gates.evaluate(&self.backends, now, &mut self.eligible)
+        {
+            self.promote_overtaken();
+            let Some((index, lane, backend)) = self.place(now) else { break };
+            let affinity = backend == self.queue.get(index).home;
+            self.unqueue(index);
+            self.bind(now, index, backend, lane, affinity, out);
+        }
+    }
+
+    /// The first scanned request that can be placed now, its lane and backend; or `None`, with
+    /// the wait timer armed.
+    fn place(&mut self, now: Tick) -> Option<(u32, Lane, u16)> {
+        self.collect_candidates();
+        let wait_max = self.params.prefix.wait_max;
+        let mut earliest: Option<Tick> = None;
+        let count = self.prefix.as_ref().expect("prefix-cost state").candidates.len();
+        for at in 0..count {
+            let (index, lane) = self.prefix.as_ref().expect("checked").candidates[at];
+            let entry = *self.queue.get(index);
+            let patient = matches!(lane, Lane::Retry | Lane::Forced)
+                || now.saturating_sub(entry.arrived_at) >= wait_max;
+            let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
+            self.match_prompt(index);
+            let Some((cheapest, best)) = self.cheapest(index, avoid) else { continue };
+            if patient
+                || best.0 == cheapest.0
+                || best.1 <= cheapest.1 + self.params.prefix.slack_tokens
+            {
+                return Some((index, lane, best.0));
+            }
+            if !entry.placement_waited {
+                self.queue.get_mut(index).placement_waited = true;
+                self.stats.placement_waits += 1;
+            }
+            let ends = entry.arrived_at.saturating_add(wait_max);
+            earliest = Some(earliest.map_or(ends, |e: Tick| e.min(ends)));
+        }
+        if let Some(at) = earliest {
+            self.arm_placement_timer(at);
+        }
+        None
+    }
+
+    /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for
+    /// entry `index` after [`match_prompt`]; `avoid` only when nothing else qualifies.
+    fn cheapest(&self, index: u32, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
+        let rank = |b: usize| {
+            let backend = &self.backends[b];
+            (backend.prefill_tokens + self.uncached(index, b), backend.inflight)
+        };
+        let pick = |filter: &dyn Fn(usize) -> bool| {
+            let mut best: Option<(usize, (u64, u32))> = None;
+            for b in (0..self.backends.len()).filter(|&b| filter(b)) {
+                let r = rank(b);
+                if best.is_none_or(|(_, best_rank)| r < best_rank) {
+                    best = Some((b, r));
+                }
+            }
+            best.map(|(b, (cost, _))| (b as u16, cost))
+        };
+        let not_avoided = |b: usize| b as u16 != avoid;
+        let usable = |b: usize| self.backends[b].usable();
+        let eligible = |b: usize| self.eligible[b];
+        let cheapest = pick(&|b| usable(b) && not_avoided(b)).or_else(|| pick(&usable))?;
+        let best = pick(&|b| eligible(b) && not_avoided(b)).or_else(|| pick(&eligible))?;
+        Some((cheapest, best))
+    }
+
+    /// The scan's candidates, in S3 order, at most `placement_scan_max`.
+    fn collect_candidates(&mut self) {
+        let prefix = self.prefix.as_mut().expect("prefix-cost state");
+        let scan = (self.params.prefix.scan_max as usize).max(1);
+        let streak_max = self.params.boosted_streak_max;
+        let normal_due = streak_max > 0 && self.streak >= streak_max;
+        let order = if normal_due {
+            [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
+        } else {
+            Lane::ALL
+        };
+        prefix.candidates.clear();
+        for lane in order {
+            let room = scan - prefix.candidates.len();
+            if room == 0 {
+                break;
+            }
+            if lane == Lane::Boosted {
+                prefix.boosted.clear();
+                self.queue.boosted_first_k(room, &mut prefix.frontier, &mut prefix.boosted);
+                prefix.candidates.extend(prefix.boosted.iter().map(|&i| (i, lane)));
+                continue;
+            }
+            let mut next = self.queue.first(lane);
+            while let (Some(index), true) = (next, prefix.candidates.len() < scan) {
+                prefix.candidates.push((index, lane));
+                next = self.queue.next_in_lane(index);
+            }
+        }
+    }
+
+    fn arm_placement_timer(&mut self, at: Tick) {
+        let prefix = self.prefix.as_mut().expect("prefix-cost state");
+        if let Some((armed, key)) = prefix.timer {
+            if armed <= at {
+                return;
+            }
+            self.wheel.cancel(key);
+        }
+        let key = self.wheel.insert(at, Timer::Placement);
+        self.prefix.as_mut().expect("checked").timer = Some((at, key));
+    }
+}
+
+#[cfg(test)]
+#[path = "placement_tests.rs"]
+mod tests;

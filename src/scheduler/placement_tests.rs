@@ -1,0 +1,227 @@
+//! S16 rule by rule: placement by cost, waiting for the cheapest backend, the slack, the wait
+//! bound, forced requests, and sharing across sessions.
+
+use super::super::prefix::NO_PROMPT;
+use super::super::*;
+
+/// Tokens per block: `PrefixParams::DEFAULT.block_bytes` / 4.
+const BLOCK_TOKENS: u32 = 64;
+/// The prefill backlog at which a backend stops being eligible.
+const GATE: u64 = 1000;
+
+fn params(backends: u16, inflight_per_backend: u32) -> Params {
+    Params {
+        boost: true,
+        routing: Routing::PrefixCost,
+        backends,
+        queue_timeout: None,
+        max_queued: 100,
+        inflight_per_backend,
+        prefill_tokens_per_backend: GATE,
+        max_sessions: 100,
+        max_overtakes: 16,
+        boosted_streak_max: 0,
+        grace_period: 0,
+        max_retries: 2,
+        eject_after_failures: 0,
+        metrics_stale_after: 1 << 40,
+        timer_resolution: 1 << 8,
+        prefix: PrefixParams::DEFAULT,
+    }
+}
+
+struct H {
+    s: Scheduler,
+    now: Tick,
+}
+
+impl H {
+    fn new(params: Params) -> H {
+        H { s: Scheduler::new(params, 0), now: 0 }
+    }
+
+    fn send(&mut self, input: Input) -> Vec<(u64, u16)> {
+        let mut out = Vec::new();
+        self.s.handle(self.now, input, &mut out);
+        self.s.check_invariants();
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Admit { id, backend, .. } => Some((id.0, *backend)),
+                Output::Reject { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Request `id` whose prompt is the chain `blocks` (`tokens` estimated prompt tokens).
+    fn arrive(
+        &mut self,
+        id: u64,
+        session: Option<u64>,
+        blocks: &[u64],
+        tokens: u32,
+        streaming: bool,
+    ) -> Vec<(u64, u16)> {
+        let pool = self.s.prompt_pool().expect("prefix-cost has a pool");
+        let prompt = pool.acquire().expect("a free slot");
+        pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
+        let arrival =
+            Arrival { id: RequestId(id), session, prompt_tokens: tokens, streaming, prompt };
+        self.send(Input::Arrive(arrival))
+    }
+
+    fn first_byte(&mut self, id: u64) -> Vec<(u64, u16)> {
+        self.send(Input::FirstByte(RequestId(id)))
+    }
+
+    fn complete(&mut self, id: u64) -> Vec<(u64, u16)> {
+        self.send(Input::Complete { id: RequestId(id), success: true })
+    }
+}
+
+/// A chain of `n` block hashes starting at `from`.
+fn chain(from: u64, n: u64) -> Vec<u64> {
+    (from..from + n).collect()
+}
+
+/// Occupies `backend` with a streaming request whose backlog closes its gate (it must be
+/// that backend the scheduler picks: both others are busier or it is the only free one).
+fn make_busy(h: &mut H, id: u64, expect: u16) {
+    let admitted = h.arrive(id, None, &chain(1_000_000 + id * 1000, 40), 2 * GATE as u32, true);
+    assert_eq!(admitted, vec![(id, expect)]);
+    assert!(h.s.backend_prefill_tokens(expect) >= GATE);
+}
+
+#[test]
+fn a_request_goes_where_its_prefix_is_cached_not_where_load_is_lowest() {
+    let mut h = H::new(params(2, 8));
+    let prompt = chain(1, 20);
+    assert_eq!(h.arrive(1, Some(7), &prompt, 20 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    // Backend 0 is busier (one request in flight), but holds the prompt's first 20 blocks.
+    assert_eq!(h.arrive(2, None, &chain(900, 2), 2 * BLOCK_TOKENS, false), vec![(2, 0)]);
+    let follow_up = chain(1, 24);
+    assert_eq!(h.arrive(3, Some(7), &follow_up, 24 * BLOCK_TOKENS, false), vec![(3, 0)]);
+    assert_eq!(h.s.prefix_index_len(0), 20 + 2 + 4);
+    assert_eq!(h.s.prefix_index_len(1), 0);
+}
+
+#[test]
+fn a_request_waits_for_its_busy_backend_when_the_other_costs_more_than_the_slack() {
+    let mut h = H::new(params(2, 8));
+    let prompt = chain(1, 100);
+    assert_eq!(h.arrive(1, Some(7), &prompt, 100 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    make_busy(&mut h, 2, 0);
+    // Backend 1 is eligible and idle, but would prefill 6,400 tokens; backend 0 has them.
+    assert_eq!(h.arrive(3, Some(7), &chain(1, 101), 101 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.s.stats().placement_waits, 1);
+    // A request with no cached prefix anywhere does not wait: it takes backend 1.
+    assert_eq!(h.arrive(4, None, &chain(5000, 10), 10 * BLOCK_TOKENS, false), vec![(4, 1)]);
+    // The blocker's first byte opens backend 0: the waiting request goes there.
+    assert_eq!(h.first_byte(2), vec![(3, 0)]);
+    assert_eq!(h.s.stats().placement_waits, 1, "a wait is counted once per request");
+}
+
+#[test]
+fn a_request_takes_an_eligible_backend_within_the_slack() {
+    let mut h = H::new(params(2, 8));
+    // 40 blocks: 2,560 tokens, all cached on backend 0 once sent.
+    assert_eq!(h.arrive(1, Some(7), &chain(1, 40), 40 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    make_busy(&mut h, 2, 0);
+    // Cost on 0: its backlog (2,000) + 64; on 1: 2,624. Within 2,048 of the cheapest.
+    assert_eq!(h.arrive(3, Some(7), &chain(1, 41), 41 * BLOCK_TOKENS, false), vec![(3, 1)]);
+    assert_eq!(h.s.stats().placement_waits, 0);
+}
+
+#[test]
+fn after_affinity_wait_max_a_request_takes_any_eligible_backend() {
+    let mut h = H::new(params(2, 8));
+    assert_eq!(h.arrive(1, Some(7), &chain(1, 100), 100 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    make_busy(&mut h, 2, 0);
+    assert_eq!(h.arrive(3, Some(7), &chain(1, 101), 101 * BLOCK_TOKENS, false), vec![]);
+    let wait_max = PrefixParams::DEFAULT.wait_max;
+    // Nothing happens before the bound...
+    h.now = wait_max / 2;
+    assert_eq!(h.send(Input::Tick), vec![]);
+    // ...and the scheduler's own timer places it once the bound has passed.
+    let wake = h.s.next_wakeup().expect("the wait's end is a timer");
+    assert!(wake >= wait_max && wake < wait_max + 2 * h.s.params().timer_resolution);
+    h.now = wake;
+    assert_eq!(h.send(Input::Tick), vec![(3, 1)]);
+}
+
+#[test]
+fn forced_requests_never_wait() {
+    let mut p = params(2, 1);
+    p.max_overtakes = 1;
+    let mut h = H::new(p);
+    // Session A's history is on backend 0, session B's on backend 1.
+    assert_eq!(h.arrive(1, Some(0xA), &chain(1, 100), 100 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    assert_eq!(h.arrive(2, Some(0xB), &chain(500, 100), 100 * BLOCK_TOKENS, false), vec![(2, 1)]);
+    h.now = 10;
+    h.complete(1);
+    h.now = 20;
+    h.complete(2);
+    make_busy(&mut h, 3, 0);
+    assert_eq!(h.arrive(4, None, &chain(9000, 2), 2 * BLOCK_TOKENS, false), vec![(4, 1)]);
+    // Both backends are full. A's follow-up, then B's (more recently completed: first in S3).
+    assert_eq!(h.arrive(5, Some(0xA), &chain(1, 101), 101 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.arrive(6, Some(0xB), &chain(500, 101), 101 * BLOCK_TOKENS, false), vec![]);
+    // Backend 1 frees: B's follow-up goes home, overtaking A's once.
+    assert_eq!(h.complete(4), vec![(6, 1)]);
+    // Backend 1 frees again. A's follow-up is forced now: it does not wait for backend 0.
+    assert_eq!(h.complete(6), vec![(5, 1)]);
+    assert_eq!(h.s.stats().forced, 1);
+}
+
+#[test]
+fn two_sessions_with_one_system_prompt_land_together_when_load_allows() {
+    let mut h = H::new(params(2, 8));
+    let system = chain(1, 30);
+    let mut first = system.clone();
+    first.extend(chain(100, 3));
+    assert_eq!(h.arrive(1, Some(1), &first, 33 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    // Another session, same system prompt, while the first is still in flight on backend 0.
+    let mut second = system.clone();
+    second.extend(chain(200, 3));
+    assert_eq!(h.arrive(2, Some(2), &second, 33 * BLOCK_TOKENS, false), vec![(2, 0)]);
+    // When backend 0 cannot take more, the shared prompt does not hold the third back.
+    make_busy(&mut h, 3, 1);
+    let mut third = system;
+    third.extend(chain(300, 3));
+    let full = params(2, 8).inflight_per_backend;
+    for id in 10..10 + u64::from(full) - 2 {
+        assert_eq!(h.arrive(id, None, &chain(id * 1000, 1), BLOCK_TOKENS, false), vec![(id, 0)]);
+    }
+    assert_eq!(h.s.backend_inflight(0), full);
+    // Backend 0 is full, backend 1's gate is closed: the third waits.
+    assert_eq!(h.arrive(4, Some(3), &third, 33 * BLOCK_TOKENS, false), vec![]);
+    // Backend 1 opens: 2,112 tokens there against 192 on the full backend 0, within the slack.
+    assert_eq!(h.first_byte(3), vec![(4, 1)]);
+}
+
+#[test]
+fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
+    let mut h = H::new(params(2, 1));
+    let pool = h.s.prompt_pool().expect("pool");
+    let capacity = pool.capacity();
+    let arrival = Arrival {
+        id: RequestId(1),
+        session: None,
+        prompt_tokens: 100,
+        streaming: false,
+        prompt: NO_PROMPT,
+    };
+    assert_eq!(h.send(Input::Arrive(arrival)), vec![(1, 0)]);
+    assert_eq!(h.arrive(2, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![(2, 1)]);
+    assert_eq!(h.arrive(3, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![]);
+    h.send(Input::Cancel(RequestId(3)));
+    h.complete(2);
+    h.complete(1);
+    assert_eq!(pool.available(), capacity, "every slot is back");
+    h.send(Input::Shutdown);
+    assert_eq!(h.arrive(5, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(pool.available(), capacity, "a refused arrival's slot is back");
+}

@@ -298,6 +298,8 @@ pub struct Stats {
     /// buckets of a tenth ([`placement::MATCH_BUCKETS`]; bucket *i* holds shares in
     /// ((i − 1)/10, i/10], bucket 0 exactly 0).
     pub match_ratio: [u64; placement::MATCH_BUCKETS],
+    /// S16: the sum of those shares, in thousandths.
+    pub match_ratio_sum_milli: u64,
 }
 
 /// Timers expected to fall due in one poll; a burst beyond it grows the buffer once.

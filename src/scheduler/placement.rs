@@ -181,6 +181,8 @@ impl Scheduler {
         prefix.backlog_of[index as usize] = u32::try_from(uncached).unwrap_or(u32::MAX);
         let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
         self.stats.match_ratio[bucket.min(MATCH_BUCKETS - 1)] += 1;
+        self.stats.match_ratio_sum_milli +=
+            (matched * 1000).checked_div(blocks).unwrap_or(0) as u64;
         let slot = prefix.prompt_of[index as usize];
         if slot != NO_PROMPT {
             let index = &mut prefix.indexes[usize::from(backend)];

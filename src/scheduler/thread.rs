@@ -108,6 +108,8 @@ pub struct BackendReport {
     pub removed: bool,
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
+    /// S16: blocks in the backend's prefix index.
+    pub index_blocks: u64,
 }
 
 impl Report {
@@ -142,6 +144,7 @@ impl Report {
                 removed: scheduler.backend_removed(index),
                 waiting,
                 scraped_at,
+                index_blocks: scheduler.prefix_index_len(index) as u64,
             };
         }
     }

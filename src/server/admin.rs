@@ -233,7 +233,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         }
     }
     type Pick = fn(&Report) -> u64;
-    let per_model: [(&str, &str, &str, Pick); 10] = [
+    let per_model: [(&str, &str, &str, Pick); 11] = [
         (
             "warmpath_forced_total",
             "counter",
@@ -273,6 +273,12 @@ pub fn render_metrics(shared: &Shared) -> String {
         ("warmpath_retries_total", "counter", "Requests sent back for another backend.", |r| {
             r.stats.retries
         }),
+        (
+            "warmpath_placement_waits_total",
+            "counter",
+            "Requests that waited for their cheapest backend (S16).",
+            |r| r.stats.placement_waits,
+        ),
         ("warmpath_ejections_total", "counter", "Backends passively ejected.", |r| {
             r.stats.ejections
         }),
@@ -285,6 +291,32 @@ pub fn render_metrics(shared: &Shared) -> String {
         for (model, report) in gen.models.iter().zip(&reports) {
             let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(&model.name), pick(report));
         }
+    }
+    family(
+        &mut out,
+        "warmpath_prefix_match_ratio",
+        "histogram",
+        "Share of a prompt's blocks cached on the chosen backend at admission (S16).",
+    );
+    for (model, report) in gen.models.iter().zip(&reports) {
+        let m = label(&model.name);
+        let buckets = &report.stats.match_ratio;
+        let mut cumulative = 0;
+        for (tenth, n) in buckets.iter().enumerate() {
+            cumulative += n;
+            let le = tenth as f64 / 10.0;
+            let _ = writeln!(
+                out,
+                "warmpath_prefix_match_ratio_bucket{{model=\"{m}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let sum = report.stats.match_ratio_sum_milli as f64 / 1000.0;
+        let _ = writeln!(
+            out,
+            "warmpath_prefix_match_ratio_bucket{{model=\"{m}\",le=\"+Inf\"}} {cumulative}\n\
+             warmpath_prefix_match_ratio_sum{{model=\"{m}\"}} {sum}\n\
+             warmpath_prefix_match_ratio_count{{model=\"{m}\"}} {cumulative}"
+        );
     }
     family(
         &mut out,
@@ -308,7 +340,7 @@ pub fn render_metrics(shared: &Shared) -> String {
     }
 
     type PickBackend = fn(&crate::scheduler::thread::BackendReport) -> u64;
-    let per_backend: [(&str, &str, PickBackend); 4] = [
+    let per_backend: [(&str, &str, PickBackend); 5] = [
         ("warmpath_inflight", "Admitted requests on the backend.", |b| u64::from(b.inflight)),
         (
             "warmpath_prefill_backlog_tokens",
@@ -321,6 +353,11 @@ pub fn render_metrics(shared: &Shared) -> String {
         ("warmpath_backend_waiting", "The engine's last scraped waiting-queue gauge.", |b| {
             u64::from(b.waiting.unwrap_or(0))
         }),
+        (
+            "warmpath_prefix_index_blocks",
+            "Prompt blocks in the backend's prefix index (S16; 0 for other routings).",
+            |b| b.index_blocks,
+        ),
     ];
     for (name, help, pick) in per_backend {
         family(&mut out, name, "gauge", help);

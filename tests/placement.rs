@@ -1,0 +1,91 @@
+//! S16 end to end: `routing = "prefix-cost"` through the dataplane, with two fake backends.
+//! The shard hashes each prompt, the scheduler places it where its prefix was sent, and the
+//! metrics say so.
+
+mod support;
+
+use support::backend::Backend;
+use support::client::{self, request, Conn};
+use support::router::Setup;
+
+const M: &str = "m";
+
+/// A chat body: a shared system prompt (`system` repeated) and a user message.
+fn chat(system: &str, user: &str, session: Option<&str>) -> Vec<u8> {
+    let body = serde_json::json!({
+        "model": M,
+        "messages": [
+            {"role": "system", "content": system.repeat(40)},
+            {"role": "user", "content": user},
+        ],
+    })
+    .to_string();
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(session) = session {
+        headers.push(("X-Session-ID", session));
+    }
+    request("POST", "/v1/chat/completions", &headers, body.as_bytes())
+}
+
+#[test]
+fn requests_go_where_their_prefix_was_sent_and_others_where_the_load_is_lowest() {
+    let (x, y) = (Backend::start(), Backend::start());
+    let router = Setup::new()
+        .model(M, &[x.address(), y.address()])
+        .model_key("routing", "\"prefix-cost\"")
+        .server("debug_headers", "true")
+        .start();
+    let system = "You answer questions about the warmpath router, briefly and exactly. ";
+    let first = client::exchange(router.addr, &chat(system, "What is S16?", Some("a")));
+    assert_eq!(first.status, 200);
+    let home = first.header("x-warmpath-backend").expect("a backend header").to_owned();
+    let (home_backend, other) = if home == x.address() { (&x, &y) } else { (&y, &x) };
+
+    // The home backend gets busier: a held request with the same system prompt goes there.
+    home_backend.hold();
+    let mut held = Conn::open(router.addr);
+    held.send(&chat(system, "Hold this one.", None));
+    home_backend.wait_holding(1);
+    // Least-inflight would pick the idle backend; the shared prefix wins.
+    let mut second = Conn::open(router.addr);
+    second.send(&chat(system, "And S7?", Some("b")));
+    home_backend.wait_holding(2);
+    assert_eq!(other.request_count(), 0);
+    // A prompt sharing nothing costs the same everywhere: it goes to the less loaded backend.
+    let unrelated = client::exchange(router.addr, &chat("Something else entirely. ", "x", None));
+    assert_eq!(unrelated.status, 200);
+    assert_eq!(unrelated.header("x-warmpath-backend"), Some(other.address().as_str()));
+    home_backend.release_all();
+    assert_eq!(held.response().status, 200);
+    assert_eq!(second.response().status, 200);
+
+    let metrics = client::get(router.admin, "/metrics").text();
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("a value")
+    };
+    let home_label = format!("warmpath_prefix_index_blocks{{model=\"{M}\",backend=\"{home}\"}}");
+    assert!(line(&home_label) > 0.0, "the home backend's index holds the prompt");
+    assert_eq!(line(&format!("warmpath_prefix_match_ratio_count{{model=\"{M}\"}}")), 4.0);
+    // The two requests that found their prefix matched most of it.
+    assert_eq!(
+        line(&format!("warmpath_prefix_match_ratio_bucket{{model=\"{M}\",le=\"0.5\"}}")),
+        2.0
+    );
+    assert_eq!(line(&format!("warmpath_placement_waits_total{{model=\"{M}\"}}")), 0.0);
+    eventually_idle(&router);
+}
+
+fn eventually_idle(router: &support::router::Router) {
+    support::eventually("queue and inflight back to 0", || {
+        let q = client::model_queue(router.admin, M);
+        client::queued(router.admin, M) == 0
+            && q["backends"].as_array().is_some_and(|b| b.iter().all(|b| b["inflight"] == 0))
+    });
+}

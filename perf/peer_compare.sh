@@ -55,9 +55,10 @@
 # Needs haproxy, strace, curl (apt-get installs them when run as root) and python3.
 #
 # Full runs (the lead, on a quiet machine; about 55 and 25 minutes):
-#   perf/peer_compare.sh perf/out/peers && python3 perf/peer_summary.py perf/out/peers
+#   perf/peer_compare.sh perf/out/peers && /work/venv-sglang/bin/python perf/peer_summary.py perf/out/peers
 #   TRACES=mooncake LOADS=0.85 TARGETS="boost-sa wp-x2 wp-x2-split" \
-#     perf/peer_compare.sh perf/out/scale && python3 perf/peer_summary.py perf/out/scale
+#     perf/peer_compare.sh perf/out/scale && /work/venv-sglang/bin/python perf/peer_summary.py perf/out/scale
+# (any python3 prints the tables; the plot needs matplotlib, which the venv has)
 # A short check (the first 90 trace seconds of Mooncake, one load; about 2 minutes):
 #   MOONCAKE_WINDOW=90 TRACES=mooncake LOADS=0.85 perf/peer_compare.sh /tmp/peers-short
 #

@@ -225,6 +225,24 @@ fn health_models_and_errors() {
     sim.stop();
 }
 
+/// sglang-router asks every worker for its model and server info and, when one answers, tries
+/// to fetch that model's tokenizer from a hub on the internet. The peer comparison
+/// (`perf/peer_compare.sh`) puts it in front of this engine on a machine that must stay on
+/// loopback, so these routes must stay unknown: 404, whatever the method.
+#[test]
+fn the_info_routes_a_peer_router_probes_are_not_found() {
+    let sim = sim(100.0);
+    let mut client = Client::new(sim.addr());
+    for path in ["/get_model_info", "/model_info", "/get_server_info", "/server_info"] {
+        for method in ["GET", "POST"] {
+            let response = client.send(method, path, None);
+            assert_eq!(response.status, 404, "{method} {path}");
+            assert_eq!(response.json()["error"]["code"], "not_found", "{method} {path}");
+        }
+    }
+    sim.stop();
+}
+
 #[test]
 fn a_client_that_leaves_aborts_its_request() {
     let sim = sim(1.0);

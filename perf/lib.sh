@@ -1,0 +1,157 @@
+# Shared by perf/peer_compare.sh and perf/scale_out_test.sh (source it; it defines functions
+# and runs nothing). The warmpath configurations and the load definitions are those of
+# perf/trace_compare.sh, which keeps its own copies: a change to one must be made to the other.
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# Processes started through start_bg; stop_all stops them (TERM, then KILL after 5 s).
+STARTED=()
+start_bg() { # LOGFILE COMMAND...: start in the background, remember its pid in LAST_PID
+  local logfile=$1
+  shift
+  "$@" >"$logfile" 2>&1 &
+  LAST_PID=$!
+  STARTED+=("$LAST_PID")
+}
+stop_pid() { # PID: TERM, wait up to 5 s, KILL
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in {1..50}; do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+stop_all() {
+  local pid kid
+  for pid in "${STARTED[@]}"; do
+    # A process started under strace: stop the traced child first (strace then exits).
+    for kid in $(pgrep -P "$pid" 2>/dev/null); do stop_pid "$kid"; done
+    stop_pid "$pid"
+  done
+  STARTED=()
+}
+
+wait_http() { # URL [TRIES]: until URL answers 2xx (TRIES x 0.1 s, default 100)
+  local i
+  for ((i = 0; i < ${2:-100}; i++)); do
+    curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "nothing answers $1"
+  return 1
+}
+
+port_free() { ! ss -Htln "sport = :$1" | grep -q .; }
+require_free_ports() { # PORT...: fail when one is taken
+  local p
+  for p in "$@"; do port_free "$p" || die "port $p on 127.0.0.1 is in use"; done
+}
+
+# Load (perf/trace_compare.sh): a trace is replayed at LOAD x RATIO trace seconds per simulated
+# second, and the engines run SIM_SCALE simulated seconds per real second.
+compress_for() { # TRACE LOAD: the bench --time-scale
+  local ratio
+  case $1 in
+    mooncake) ratio=$MOONCAKE_RATIO ;;
+    ragpulse) ratio=$RAGPULSE_RATIO ;;
+    *) die "unknown trace $1" ;;
+  esac
+  python3 -c "print(round($SIM_SCALE * $2 * $ratio, 4))"
+}
+window_for() { # TRACE: trace seconds replayed
+  case $1 in mooncake) echo "$MOONCAKE_WINDOW" ;; ragpulse) echo "$RAGPULSE_WINDOW" ;; esac
+}
+
+start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_compare starts them
+  start_bg "$3/sim1.log" "$WARMPATH" sim --listen "127.0.0.1:$1" --time-scale "$SIM_SCALE" --seed 1
+  start_bg "$3/sim2.log" "$WARMPATH" sim --listen "127.0.0.1:$2" --time-scale "$SIM_SCALE" --seed 2
+  wait_http "http://127.0.0.1:$1/health" && wait_http "http://127.0.0.1:$2/health"
+}
+
+# A warmpath configuration named as in perf/trace_compare.sh (fifo-li, fifo-sa, boost-li,
+# boost-sa, kthena), listening on LISTEN_PORT / ADMIN_PORT, in front of the engines SIM1 SIM2.
+# EXTRA_SERVER: more lines for [server] (e.g. debug_headers = true); EXTRA_QUEUE for [queue].
+warmpath_config() { # NAME LISTEN_PORT ADMIN_PORT SIM1 SIM2
+  local strategy routing extra=""
+  case $1 in
+    fifo-li) strategy=fifo routing=least-inflight ;;
+    fifo-sa) strategy=fifo routing=session-affinity ;;
+    boost-li) strategy=session-boost routing=least-inflight ;;
+    boost-sa) strategy=session-boost routing=session-affinity ;;
+    kthena) strategy=session-boost routing=session-affinity
+            extra=$'inflight_per_backend = 16\nprefill_tokens_per_backend = 0' ;;
+    *) die "unknown warmpath configuration $1" ;;
+  esac
+  cat <<EOF
+[server]
+listen = "127.0.0.1:$2"
+admin_listen = "127.0.0.1:$3"
+shards = 1
+pin_cores = false
+${EXTRA_SERVER:-}
+
+[queue]
+strategy = "$strategy"
+timeout = "300s"
+$extra
+${EXTRA_QUEUE:-}
+
+[upstream]
+metrics_interval = "100ms"
+
+[[model]]
+name = "sim-8b"
+engine = "vllm"
+routing = "$routing"
+backends = ["127.0.0.1:$4", "127.0.0.1:$5"]
+EOF
+}
+
+# HAProxy hashing on the session header (consistent hashing: adding or removing a server moves
+# only the sessions that hash to it), a maxconn queue per server, health checks on HEALTH_PATH.
+# SERVERS: "name=port ..." on 127.0.0.1. MAXCONN 0 = no per-server limit.
+haproxy_config() { # LISTEN_PORT MAXCONN HEALTH_PATH SERVERS...
+  local port=$1 maxconn=$2 health=$3 s
+  shift 3
+  cat <<EOF
+global
+    nbthread 1
+    maxconn 8192
+
+defaults
+    mode http
+    option http-keep-alive
+    http-reuse safe
+    timeout connect 1s
+    timeout client 600s
+    timeout server 600s
+    # A request waiting for a server slot (maxconn) waits at most as long as warmpath's queue.
+    timeout queue 300s
+    timeout http-keep-alive 75s
+    # A connection refused by a server that is going away is retried, the last time on
+    # another server (redispatch), before the health check has marked it down.
+    retries 3
+    option redispatch 1
+    # Also a request sent on a kept-alive connection that the server closed (a replica
+    # draining) is resent; HAProxy can do so while the request is still in its buffer.
+    retry-on conn-failure empty-response
+    # Token streams and prompts are latency-bound: without it, Nagle's algorithm on HAProxy's
+    # sockets added about 2 ms to a streamed request's first byte on loopback (measured with a
+    # 12,000-word prompt: 2.4 ms direct, 4.7 ms through HAProxy, 2.4 ms with this option).
+    option http-no-delay
+
+frontend sessions
+    bind 127.0.0.1:$port
+    default_backend replicas
+
+backend replicas
+    balance hdr(X-Session-ID)
+    hash-type consistent
+    option httpchk GET $health
+    http-check expect status 200
+    default-server check inter 200ms fall 2 rise 2$( ((maxconn > 0)) && printf ' maxconn %s' "$maxconn")
+    # Which server answered: the scale-out test reads it.
+    http-response set-header X-Replica %s
+EOF
+  for s in "$@"; do printf '    server %s 127.0.0.1:%s\n' "${s%%=*}" "${s#*=}"; done
+}

@@ -41,10 +41,20 @@ const RESOLUTION: Tick = 1 << 10;
 
 /// Decodes scheduling parameters: small limits so that every rule triggers often.
 fn params(bytes: &mut Bytes) -> Params {
-    let routing = match bytes.below(3) {
+    let routing = match bytes.below(4) {
         0 => Routing::SessionAffinity,
         1 => Routing::LeastInflight,
-        _ => Routing::RoundRobin,
+        2 => Routing::RoundRobin,
+        _ => Routing::PrefixCost,
+    };
+    // S16 with a tiny index (so that CLOCK evicts often), a slack from none to everything and
+    // waits from none to long.
+    let prefix = super::PrefixParams {
+        block_bytes: 256,
+        index_blocks: 2 + bytes.below(10),
+        scan_max: 1 + bytes.below(4),
+        slack_tokens: [0, 64, 200, 1 << 20][bytes.below(4) as usize],
+        wait_max: [0, 3 * RESOLUTION, 20 * RESOLUTION][bytes.below(3) as usize],
     };
     Params {
         boost: bytes.below(4) != 0,
@@ -62,7 +72,7 @@ fn params(bytes: &mut Bytes) -> Params {
         eject_after_failures: bytes.below(3),
         metrics_stale_after: 8 * RESOLUTION,
         timer_resolution: RESOLUTION,
-        prefix: super::PrefixParams::DEFAULT,
+        prefix,
     }
 }
 
@@ -115,17 +125,49 @@ impl Live {
     }
 }
 
-fn decode_input(bytes: &mut Bytes, live: &mut Live, backends: u16, now: Tick) -> Input {
+/// A prompt's chain: one of three families of shared prefixes, 0 to 6 blocks long.
+fn decode_blocks(bytes: &mut Bytes, out: &mut Vec<u64>) {
+    out.clear();
+    let family = u64::from(bytes.below(3)) * 100;
+    let len = u64::from(bytes.below(7));
+    out.extend((1..=len).map(|k| family + k));
+}
+
+fn decode_input(
+    bytes: &mut Bytes,
+    live: &mut Live,
+    backends: u16,
+    now: Tick,
+    prompt: Option<(&super::prefix::PromptPool, &mut Vec<u64>)>,
+) -> Input {
     match bytes.below(16) {
         0..=4 => {
             live.next_id += 1;
             let session_pick = bytes.below(8);
+            let mut tokens = [0, 40, 700, 3000][bytes.below(4) as usize];
+            let slot = match prompt {
+                Some((pool, blocks)) => {
+                    decode_blocks(bytes, blocks);
+                    tokens += blocks.len() as u32 * 64;
+                    match pool.acquire() {
+                        Some(slot) => {
+                            pool.with(slot, |hashes| hashes.extend_from_slice(blocks));
+                            slot
+                        }
+                        None => {
+                            blocks.clear();
+                            super::prefix::NO_PROMPT
+                        }
+                    }
+                }
+                None => super::prefix::NO_PROMPT,
+            };
             Input::Arrive(Arrival {
                 id: RequestId(live.next_id),
                 session: (session_pick < 6).then_some(u64::from(session_pick)),
-                prompt_tokens: [0, 40, 700, 3000][bytes.below(4) as usize],
+                prompt_tokens: tokens,
                 streaming: bytes.below(2) == 0,
-                prompt: super::prefix::NO_PROMPT,
+                prompt: slot,
             })
         }
         5 => Input::Cancel(live.pick(bytes, false)),
@@ -177,9 +219,14 @@ pub fn run(data: &[u8]) {
     let mut live = Live::default();
     let (mut now, mut step) = (0, 0);
     let (mut got, mut want) = (Vec::new(), Vec::new());
+    let pool = real.prompt_pool();
+    let mut blocks = Vec::new();
     while !bytes.is_empty() {
         now += advance(&mut bytes);
-        let input = decode_input(&mut bytes, &mut live, params.backends, now);
+        blocks.clear();
+        let prompt = pool.as_deref().map(|pool| (pool, &mut blocks));
+        let input = decode_input(&mut bytes, &mut live, params.backends, now, prompt);
+        model.set_next_blocks(&blocks);
         got.clear();
         want.clear();
         real.handle(now, input, &mut got);

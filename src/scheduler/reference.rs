@@ -4,7 +4,14 @@
 //! index. Timers are deadlines checked on every input against the wheel's firing rule (a
 //! deadline `d` fires at `now` once `ceil(d / r) <= floor(now / r)` for the power-of-two
 //! resolution `r`). The tracker is the tracker's own linear-scan reference, which states the
-//! same CLOCK policy. [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
+//! same CLOCK policy. S16 (`routing = PrefixCost`) is restated the same way: each backend's
+//! prefix index is that linear-scan tracker keyed by block hash, the scan sorts the whole queue
+//! in S3 order and takes the first `placement_scan_max`, costs are recomputed from scratch.
+//! One thing is not restated independently: the matched length of a prompt is the same binary
+//! search over its chain as [`super::prefix::PrefixIndex::matched`], because that search *is*
+//! the definition of a match (CLOCK may evict an early block of a chain and keep a later one,
+//! where a longest-prefix scan and the search disagree; the index is approximate by design).
+//! [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
 //! compares every output.
 
 use crate::clock::Tick;
@@ -32,6 +39,9 @@ struct Queued {
     retries: u8,
     avoid: u16,
     home: u16,
+    /// S16: the prompt's chained block hashes.
+    blocks: Vec<u64>,
+    placement_waited: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +49,8 @@ struct Admitted {
     request: Queued,
     backend: u16,
     prefill_pending: bool,
+    /// Tokens counted in the backend's prefill backlog while pending.
+    backlog: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +82,12 @@ pub struct Reference {
     next_retry: u64,
     shutting_down: bool,
     stats: Stats,
+    /// S16: per backend, the block hashes sent there.
+    indexes: Vec<SessionTracker>,
+    /// S16: when the earliest wait for a cheapest backend ends, if a scan armed it.
+    placement_deadline: Option<Tick>,
+    /// S16: the block hashes of the next arrival (set by the harness).
+    next_blocks: Vec<u64>,
 }
 
 impl Reference {
@@ -98,8 +116,20 @@ impl Reference {
             next_retry: 0,
             shutting_down: false,
             stats: Stats::default(),
+            indexes: (0..params.backends)
+                .map(|_| SessionTracker::with_capacity(params.prefix.index_blocks as usize))
+                .collect(),
+            placement_deadline: None,
+            next_blocks: Vec::new(),
             p: params,
         }
+    }
+
+    /// The block hashes the next `Arrive` carries (the real scheduler reads them from its
+    /// prompt pool).
+    pub fn set_next_blocks(&mut self, blocks: &[u64]) {
+        self.next_blocks.clear();
+        self.next_blocks.extend_from_slice(blocks);
     }
 
     /// Counters.
@@ -128,7 +158,13 @@ impl Reference {
         let holds = self.holds.iter().map(|hold| hold.2);
         let stale = self.backends.iter().filter_map(|b| b.stale_deadline);
         let r = self.resolution;
-        deadlines.chain(holds).chain(stale).min().map(|d| d.div_ceil(r).saturating_mul(r))
+        let placement = self.placement_deadline;
+        deadlines
+            .chain(holds)
+            .chain(stale)
+            .chain(placement)
+            .min()
+            .map(|d| d.div_ceil(r).saturating_mul(r))
     }
 
     fn due(&self, deadline: Tick, now: Tick) -> bool {
@@ -172,10 +208,14 @@ impl Reference {
                 self.backends[b].stale_deadline = None;
             }
         }
+        if self.placement_deadline.is_some_and(|d| self.due(d, now)) {
+            self.placement_deadline = None;
+        }
     }
 
     fn arrive(&mut self, now: Tick, arrival: Arrival, out: &mut Vec<Output>) {
         let id = arrival.id;
+        let blocks = std::mem::take(&mut self.next_blocks);
         if self.shutting_down {
             self.stats.rejected_shutdown += 1;
             return out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
@@ -201,6 +241,8 @@ impl Reference {
             retries: 0,
             avoid: NONE,
             home: last_turn.map_or(NONE, |turn| turn.backend),
+            blocks,
+            placement_waited: false,
         };
         self.next_seq += 1;
         if let Some(completion) = completion {
@@ -337,7 +379,7 @@ impl Reference {
 
     fn prefill(&self, backend: u16) -> u64 {
         let pending = self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending);
-        pending.map(|a| u64::from(a.request.prompt_tokens)).sum()
+        pending.map(|a| u64::from(a.backlog)).sum()
     }
 
     fn fresh_waiting(&self, backend: u16, now: Tick) -> Option<u32> {
@@ -368,6 +410,17 @@ impl Reference {
                 return;
             }
             self.force_oldest();
+            if self.p.routing == Routing::PrefixCost {
+                match self.place(now) {
+                    Some((index, backend)) => {
+                        let request = self.queued.remove(index);
+                        let (lane, affinity) = (request.lane, backend == request.home);
+                        self.bind(now, request, backend, lane, affinity, out);
+                        continue;
+                    }
+                    None => return,
+                }
+            }
             let index = self.pick();
             let request = self.queued.remove(index);
             let (backend, affinity) = self.choose(&request, now);
@@ -387,6 +440,95 @@ impl Reference {
                 self.stats.forced += 1;
             }
         }
+    }
+
+    /// The queued requests in S3 order.
+    fn in_order(&self) -> Vec<usize> {
+        let normal_due = self.p.boosted_streak_max > 0 && self.streak >= self.p.boosted_streak_max;
+        let rank = |lane: Lane| match (lane, normal_due) {
+            (Lane::Retry, _) => 0,
+            (Lane::Forced, _) => 1,
+            (Lane::Boosted, false) | (Lane::Normal, true) => 2,
+            (Lane::Normal, false) | (Lane::Boosted, true) => 3,
+        };
+        let q = &self.queued;
+        let mut order: Vec<usize> = (0..q.len()).collect();
+        order.sort_by_key(|&i| {
+            let within = match q[i].lane {
+                Lane::Retry => (q[i].retry_order, 0),
+                Lane::Boosted => (u64::MAX - q[i].completed_at, q[i].seq),
+                Lane::Forced | Lane::Normal => (q[i].seq, 0),
+            };
+            (rank(q[i].lane), within)
+        });
+        order
+    }
+
+    /// The binary search of `PrefixIndex::matched`, over the reference tracker.
+    fn matched(&self, backend: u16, blocks: &[u64]) -> usize {
+        let index = &self.indexes[usize::from(backend)];
+        let (mut low, mut high) = (0, blocks.len());
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            if index.lookup(blocks[mid - 1]).is_some() {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        low
+    }
+
+    fn uncached(&self, request: &Queued, backend: u16) -> u64 {
+        let block_tokens = u64::from(self.p.prefix.block_bytes) / 4;
+        let cached = self.matched(backend, &request.blocks) as u64 * block_tokens;
+        u64::from(request.prompt_tokens).saturating_sub(cached)
+    }
+
+    /// S16: the first request of the scan that can be placed, and where.
+    fn place(&mut self, now: Tick) -> Option<(usize, u16)> {
+        let scan = (self.p.prefix.scan_max as usize).max(1);
+        let mut earliest: Option<Tick> = None;
+        for index in self.in_order().into_iter().take(scan) {
+            let request = &self.queued[index];
+            let cost = |b: u16| self.prefill(b) + self.uncached(request, b);
+            let best = |filter: &dyn Fn(u16) -> bool| {
+                (0..self.p.backends)
+                    .filter(|&b| filter(b))
+                    .min_by_key(|&b| (cost(b), self.backend_inflight(b)))
+            };
+            let avoid = request.avoid;
+            let Some(cheapest) =
+                best(&|b| self.usable(b) && b != avoid).or_else(|| best(&|b| self.usable(b)))
+            else {
+                continue;
+            };
+            let eligible = |b: u16| self.eligible(b, now);
+            let Some(taken) = best(&|b| eligible(b) && b != avoid).or_else(|| best(&eligible))
+            else {
+                continue;
+            };
+            let patient = matches!(request.lane, Lane::Retry | Lane::Forced)
+                || now.saturating_sub(request.arrived_at) >= self.p.prefix.wait_max;
+            if patient
+                || taken == cheapest
+                || cost(taken) <= cost(cheapest) + self.p.prefix.slack_tokens
+            {
+                return Some((index, taken));
+            }
+            let ends = request.arrived_at.saturating_add(self.p.prefix.wait_max);
+            earliest = Some(earliest.map_or(ends, |e| e.min(ends)));
+            if !request.placement_waited {
+                self.queued[index].placement_waited = true;
+                self.stats.placement_waits += 1;
+            }
+        }
+        if let Some(at) = earliest {
+            if self.placement_deadline.is_none_or(|armed| armed > at) {
+                self.placement_deadline = Some(at);
+            }
+        }
+        None
     }
 
     fn pick(&self) -> usize {
@@ -462,7 +604,20 @@ impl Reference {
         let id = RequestId(request.id);
         let waited = now - request.arrived_at;
         let prefill_pending = request.streaming && self.p.prefill_tokens_per_backend > 0;
-        self.admitted.push(Admitted { request, backend, prefill_pending });
+        let mut backlog = request.prompt_tokens;
+        if self.p.routing == Routing::PrefixCost {
+            let matched = self.matched(backend, &request.blocks);
+            let blocks = request.blocks.len();
+            backlog = u32::try_from(self.uncached(&request, backend)).unwrap_or(u32::MAX);
+            let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
+            self.stats.match_ratio[bucket.min(super::placement::MATCH_BUCKETS - 1)] += 1;
+            self.stats.match_ratio_sum_milli +=
+                (matched * 1000).checked_div(blocks).unwrap_or(0) as u64;
+            for &block in &request.blocks {
+                self.indexes[usize::from(backend)].complete(block, now, 0);
+            }
+        }
+        self.admitted.push(Admitted { request, backend, prefill_pending, backlog });
         out.push(Output::Admit { id, backend, lane, waited, affinity });
     }
 }

@@ -607,7 +607,7 @@ fn stale_events_change_nothing() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     /// The scheduler against the naive reference model, output by output.
     #[test]

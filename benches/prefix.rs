@@ -1,0 +1,85 @@
+//! Benchmarks of S16's per-request work (issue [7]).
+//!
+//! Dimensions, on OpenAI chat bodies of about 1 KiB, 64 KiB and 512 KiB (the bodies of
+//! `benches/protocol.rs`: user and assistant turns with escapes and non-ASCII text):
+//! - `hash`: `PromptHasher::hash_body` in 256-byte blocks, what a shard does per request of a
+//!   `prefix-cost` model (walk the validated body, unescape the prompt text, xxh3 per block),
+//!   against the baseline `find_model`, the validating scan every request already pays;
+//! - `index`: per admission, the scheduler's work on one backend's index of 8,192 blocks: the
+//!   binary-search `matched` of the prompt's chain (once cached, once not), and `insert`, which
+//!   touches every block of the chain (the dominant cost for long prompts).
+//!
+//! Throughput is in bytes of body, so the figures compare to each other across sizes.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use warmpath::protocol::find_model;
+use warmpath::protocol::prompt::PromptHasher;
+use warmpath::scheduler::prefix::PrefixIndex;
+
+/// A chat body of at least `bytes` bytes.
+fn chat_body(bytes: usize) -> Vec<u8> {
+    let turn = r#"{"role":"user","content":"Explain the \"prefix cache\" of an inference engine.\nKeep it short; ünïcödé ok."},{"role":"assistant","content":"Blocks of KV state keyed by token prefix, reused when a prompt repeats. \u00e9\t42"},"#;
+    let mut body = String::from(r#"{"messages":["#);
+    while body.len() + turn.len() < bytes.saturating_sub(120) {
+        body.push_str(turn);
+    }
+    body.push_str(r#"{"role":"user","content":"next"}],"metadata":{"model":"nested"},"#);
+    body.push_str(r#""stream":true,"max_tokens":256,"temperature":0.7,"model":"llama-3-8b"}"#);
+    body.into_bytes()
+}
+
+const SIZES: [usize; 3] = [1 << 10, 64 << 10, 512 << 10];
+
+fn hash(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prefix/hash");
+    let mut hasher = PromptHasher::new(256);
+    let mut hashes = Vec::new();
+    for size in SIZES {
+        let body = chat_body(size);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::new("hash_body", size), &body, |b, body| {
+            b.iter(|| hasher.hash_body(black_box(body), &mut hashes));
+        });
+        group.bench_with_input(
+            BenchmarkId::new("find_model (baseline)", size),
+            &body,
+            |b, body| {
+                b.iter(|| find_model(black_box(body)).map(|f| f.token.start));
+            },
+        );
+    }
+    group.finish();
+}
+
+fn index(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prefix/index");
+    let mut hasher = PromptHasher::new(256);
+    for size in SIZES {
+        let body = chat_body(size);
+        let mut chain = Vec::new();
+        hasher.hash_body(&body, &mut chain);
+        let mut other = Vec::new();
+        hasher.hash_text(&body, &mut other);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        let mut index = PrefixIndex::with_capacity(8192);
+        index.insert(&chain, 0);
+        group.bench_with_input(BenchmarkId::new("matched (cached)", size), &chain, |b, chain| {
+            b.iter(|| index.matched(black_box(chain)));
+        });
+        group.bench_with_input(BenchmarkId::new("matched (not cached)", size), &other, |b, o| {
+            b.iter(|| index.matched(black_box(o)));
+        });
+        let mut now = 0;
+        group.bench_with_input(BenchmarkId::new("insert", size), &chain, |b, chain| {
+            b.iter(|| {
+                now += 1;
+                index.insert(black_box(chain), now);
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, hash, index);
+criterion_main!(benches);

@@ -301,7 +301,7 @@ impl Default for QueueConfig {
             boosted_streak_max: 0,
             grace_period: Duration::ZERO,
             prefix_block_bytes: 256,
-            prefix_index_blocks: 262_144,
+            prefix_index_blocks: 8_192,
             placement_scan_max: 64,
             cost_slack_tokens: 2_048,
             affinity_wait_max: Duration::from_secs(1),

@@ -69,7 +69,7 @@ start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_com
 }
 
 # A warmpath configuration named as in perf/trace_compare.sh (fifo-li, fifo-sa, boost-li,
-# boost-sa, kthena), listening on LISTEN_PORT / ADMIN_PORT, in front of the engines SIM1 SIM2.
+# boost-sa, boost-pc, fifo-pc, kthena), listening on LISTEN_PORT / ADMIN_PORT, in front of the engines SIM1 SIM2.
 # EXTRA_SERVER: more lines for [server] (e.g. debug_headers = true); EXTRA_QUEUE for [queue].
 warmpath_config() { # NAME LISTEN_PORT ADMIN_PORT SIM1 SIM2
   local strategy routing extra=""
@@ -78,6 +78,8 @@ warmpath_config() { # NAME LISTEN_PORT ADMIN_PORT SIM1 SIM2
     fifo-sa) strategy=fifo routing=session-affinity ;;
     boost-li) strategy=session-boost routing=least-inflight ;;
     boost-sa) strategy=session-boost routing=session-affinity ;;
+    boost-pc) strategy=session-boost routing=prefix-cost ;;
+    fifo-pc) strategy=fifo routing=prefix-cost ;;
     kthena) strategy=session-boost routing=session-affinity
             extra=$'inflight_per_backend = 16\nprefill_tokens_per_backend = 0' ;;
     *) die "unknown warmpath configuration $1" ;;

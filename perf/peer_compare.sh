@@ -12,6 +12,7 @@
 # Targets (TARGETS, space separated, any of):
 #   fifo-li          warmpath, queue.strategy = fifo, routing = least-inflight
 #   boost-sa         warmpath, session-boost + session-affinity (the defaults)
+#   boost-pc         warmpath, session-boost + prefix-cost (S16)
 #   fifo-sa, boost-li, kthena   the other configurations of perf/trace_compare.sh
 #   sgl-cache_aware  sglang-router (python -m sglang_router.launch_router), --policy cache_aware
 #   sgl-round_robin  sglang-router, --policy round_robin

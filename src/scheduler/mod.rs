@@ -292,6 +292,9 @@ pub struct Stats {
     pub affinity_hits: u64,
     pub ejections: u64,
     pub stale_events: u64,
+    /// S16: follow-ups of tracked sessions not boosted because their prompt does not start
+    /// with their previous turn's prompt.
+    pub boost_declined: u64,
     /// S16: requests a placement scan passed over to wait for their cheapest backend.
     pub placement_waits: u64,
     /// S16: admissions by the share of the prompt's blocks matched on the chosen backend, in
@@ -649,7 +652,13 @@ impl Scheduler {
         }
         // One lookup serves the boost decision (S1) and the session's backend (S7).
         let last_turn = arrival.session.and_then(|session| self.tracker.lookup(session));
-        let completion = last_turn.filter(|_| self.params.boost);
+        let mut completion = last_turn.filter(|_| self.params.boost);
+        if completion.is_some_and(|turn| !self.repeats(arrival.prompt, turn.prompt)) {
+            // S16 refinement: a follow-up that does not repeat its previous turn's prompt
+            // has no warm cache to gain from going first.
+            completion = None;
+            self.stats.boost_declined += 1;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut entry = Entry::new(id.0, arrival.session, seq, now);
@@ -744,6 +753,7 @@ impl Scheduler {
             return;
         };
         let entry = *self.queue.get(index);
+        let mark = self.prompt_mark(index);
         self.release_slot(index);
         self.drop_prompt(index);
         self.queue.release(index);
@@ -752,7 +762,7 @@ impl Scheduler {
         }
         self.backends[usize::from(entry.backend)].consecutive_failures = 0;
         if entry.has_session {
-            self.tracker.complete(entry.session, now, entry.backend);
+            self.tracker.complete_marked(entry.session, now, entry.backend, mark);
             self.start_hold(now, entry.session, entry.backend);
         }
     }

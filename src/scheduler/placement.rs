@@ -26,6 +26,11 @@
 //! - The index is updated at admission (every block of the prompt, first to last), so two
 //!   requests that share a system prompt and are admitted one after the other see each
 //!   other's placement.
+//! - A follow-up is boosted (S1) only if its prompt starts with its session's previous prompt
+//!   (the previous turn's last full block hash sits at the same place in its chain): that is
+//!   the premise of session boost, and a "follow-up" that does not repeat its history (a RAG
+//!   turn with fresh passages) has no warm cache to gain from going first, while going first
+//!   costs everyone else. Counted in `Stats::boost_declined`.
 //! - A request without block hashes (its prompt is shorter than a block, or the prompt pool
 //!   was exhausted) costs its whole prompt everywhere: it goes where the backlog is lowest.
 
@@ -35,6 +40,7 @@ use crate::clock::Tick;
 
 use super::prefix::{PrefixIndex, PromptPool, NO_PROMPT};
 use super::queue::NO_BACKEND;
+use super::tracker::PromptMark;
 use super::wheel::TimerKey;
 use super::{Lane, Output, Params, Scheduler, Timer};
 
@@ -132,6 +138,26 @@ impl Scheduler {
             if slot != NO_PROMPT {
                 prefix.pool.release(slot);
             }
+        }
+    }
+
+    /// The end of entry `index`'s prompt chain, if its hashes are known.
+    pub(super) fn prompt_mark(&self, index: u32) -> PromptMark {
+        let Some(prefix) = &self.prefix else { return PromptMark::NONE };
+        match prefix.prompt_of[index as usize] {
+            NO_PROMPT => PromptMark::NONE,
+            slot => prefix.pool.with(slot, |hashes| PromptMark::of(hashes)),
+        }
+    }
+
+    /// Whether the prompt in pool slot `prompt` starts with the prompt `previous` marks (true
+    /// whenever either is unknown, and always without prefix-cost).
+    pub(super) fn repeats(&self, prompt: u32, previous: PromptMark) -> bool {
+        match (&self.prefix, prompt) {
+            (Some(prefix), slot) if slot != NO_PROMPT && previous.blocks > 0 => {
+                prefix.pool.with(slot, |hashes| previous.extended_by(hashes))
+            }
+            _ => true,
         }
     }
 

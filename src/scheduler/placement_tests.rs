@@ -225,3 +225,22 @@ fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
     assert_eq!(h.arrive(5, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(pool.available(), capacity, "a refused arrival's slot is back");
 }
+
+#[test]
+fn only_a_follow_up_that_repeats_its_previous_prompt_is_boosted() {
+    let mut h = H::new(params(1, 1));
+    assert_eq!(h.arrive(1, Some(7), &chain(1, 10), 10 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    assert_eq!(h.arrive(2, None, &chain(900, 1), BLOCK_TOKENS, false), vec![(2, 0)]);
+    // Queued behind the running request: a first turn, then a "follow-up" of session 7 that
+    // starts afresh (a RAG turn with new passages), then one that repeats turn 1's prompt.
+    assert_eq!(h.arrive(3, None, &chain(800, 2), 2 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.arrive(4, Some(7), &chain(500, 12), 12 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.arrive(5, Some(7), &chain(1, 12), 12 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.s.stats().boost_declined, 1);
+    assert_eq!(h.s.depth(Lane::Boosted), 1);
+    // The repeating follow-up goes first; the other waits its turn in arrival order.
+    assert_eq!(h.complete(2), vec![(5, 0)]);
+    assert_eq!(h.complete(5), vec![(3, 0)]);
+    assert_eq!(h.complete(3), vec![(4, 0)]);
+}

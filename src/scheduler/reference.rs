@@ -16,7 +16,9 @@
 
 use crate::clock::Tick;
 
+use super::prefix::NO_PROMPT;
 use super::tracker::reference::SessionTracker;
+use super::tracker::PromptMark;
 use super::{
     Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Snapshot, Stats,
 };
@@ -225,7 +227,19 @@ impl Reference {
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
         let last_turn = arrival.session.and_then(|s| self.tracker.lookup(s));
-        let completion = last_turn.filter(|_| self.p.boost);
+        let mut completion = last_turn.filter(|_| self.p.boost);
+        // S16: only a prompt that repeats the previous turn's is boosted.
+        let prefix_cost = self.p.routing == Routing::PrefixCost;
+        if let Some(turn) = completion.filter(|_| prefix_cost && arrival.prompt != NO_PROMPT) {
+            let mark = turn.prompt;
+            let repeats = mark.blocks == 0
+                || blocks.len() >= mark.blocks as usize
+                    && blocks[mark.blocks as usize - 1] == mark.tail;
+            if !repeats {
+                completion = None;
+                self.stats.boost_declined += 1;
+            }
+        }
         let mut request = Queued {
             id: id.0,
             session: arrival.session,
@@ -295,7 +309,13 @@ impl Reference {
         let backend = done.backend;
         self.backends[usize::from(backend)].failures = 0;
         let Some(session) = done.request.session else { return };
-        self.tracker.complete(session, now, backend);
+        let mark = match (self.p.routing, done.request.blocks.last()) {
+            (Routing::PrefixCost, Some(&tail)) => {
+                PromptMark { blocks: done.request.blocks.len() as u32, tail }
+            }
+            _ => PromptMark::NONE,
+        };
+        self.tracker.complete_marked(session, now, backend, mark);
         let grace_on = self.p.boost && self.p.grace_period > 0;
         let held = self.holds.iter().any(|hold| hold.0 == session);
         let slots = self.backend_inflight(backend) + self.holds_on(backend);

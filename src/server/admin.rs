@@ -233,7 +233,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         }
     }
     type Pick = fn(&Report) -> u64;
-    let per_model: [(&str, &str, &str, Pick); 11] = [
+    let per_model: [(&str, &str, &str, Pick); 12] = [
         (
             "warmpath_forced_total",
             "counter",
@@ -273,6 +273,12 @@ pub fn render_metrics(shared: &Shared) -> String {
         ("warmpath_retries_total", "counter", "Requests sent back for another backend.", |r| {
             r.stats.retries
         }),
+        (
+            "warmpath_boost_declined_total",
+            "counter",
+            "Follow-ups not boosted: their prompt does not repeat the previous turn's (S16).",
+            |r| r.stats.boost_declined,
+        ),
         (
             "warmpath_placement_waits_total",
             "counter",

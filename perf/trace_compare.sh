@@ -26,6 +26,8 @@
 #   fifo-sa     queue.strategy = fifo,          routing = session-affinity
 #   boost-li    queue.strategy = session-boost, routing = least-inflight
 #   boost-sa    queue.strategy = session-boost, routing = session-affinity
+#   boost-pc    queue.strategy = session-boost, routing = prefix-cost (S16)
+#   fifo-pc     queue.strategy = fifo,          routing = prefix-cost
 #   kthena      session-boost + session-affinity with kthena's defaults:
 #               inflight_per_backend = 16, prefill_tokens_per_backend = 0
 # Everything else is warmpath's defaults, but metrics_interval = 100ms (real time: 0.8 s of
@@ -90,6 +92,8 @@ router_config() { # $1 = configuration name
     fifo-sa) strategy=fifo routing=session-affinity ;;
     boost-li) strategy=session-boost routing=least-inflight ;;
     boost-sa) strategy=session-boost routing=session-affinity ;;
+    boost-pc) strategy=session-boost routing=prefix-cost ;;
+    fifo-pc) strategy=fifo routing=prefix-cost ;;
     kthena) strategy=session-boost routing=session-affinity
             extra=$'inflight_per_backend = 16\nprefill_tokens_per_backend = 0' ;;
     *) log "unknown configuration $1"; exit 2 ;;

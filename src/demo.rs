@@ -45,6 +45,10 @@ pub struct DemoArgs {
     /// Where to write the report (created; default `warmpath-demo/` in the current directory).
     #[arg(long, value_name = "DIR", default_value = "warmpath-demo")]
     pub out: PathBuf,
+    /// The router's backend choice for both strategies: `prefix-cost` (S16: where the prompt's
+    /// prefix is cached, which follows sessions too) or `session-affinity` (S7).
+    #[arg(long, default_value = "prefix-cost", value_parser = ["prefix-cost", "session-affinity", "least-inflight", "round-robin"])]
+    pub routing: String,
     /// Seed of the workload and the engines.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -107,7 +111,7 @@ fn run_strategy(
 ) -> io::Result<BenchResult> {
     let engines = start_engines(args)?;
     let addrs: Vec<String> = engines.iter().map(|e| e.addr().to_string()).collect();
-    let config = router_config(strategy, &addrs)?;
+    let config = router_config(strategy, &args.routing, &addrs)?;
     let router = crate::server::start(config)?;
     let options = RunOptions {
         model: MODEL.into(),
@@ -139,7 +143,7 @@ fn start_engines(args: &DemoArgs) -> io::Result<Vec<RunningSim>> {
 }
 
 /// The router's configuration: loopback, one shard, fast scrapes, the strategy under test.
-fn router_config(strategy: &str, backends: &[String]) -> io::Result<Config> {
+fn router_config(strategy: &str, routing: &str, backends: &[String]) -> io::Result<Config> {
     let backends: Vec<String> = backends.iter().map(|b| format!("{b:?}")).collect();
     let text = format!(
         r#"[server]
@@ -157,7 +161,7 @@ metrics_interval = "100ms"
 [[model]]
 name = "{MODEL}"
 engine = "vllm"
-routing = "session-affinity"
+routing = "{routing}"
 backends = [{}]
 "#,
         backends.join(", ")
@@ -206,10 +210,10 @@ fn write_report(
     let _ = writeln!(
         md,
         "Two simulated engines (`warmpath sim`, profile h100-8b, time scale {}) behind warmpath \
-         (one shard, session-affinity routing); the same multi-turn workload ({} sessions per \
+         (one shard, {} routing); the same multi-turn workload ({} sessions per \
          second for {:?}, {} turns each, seed {}) run once per queue strategy, each on fresh \
          engines.\n",
-        args.time_scale, args.rate, args.duration, args.turns, args.seed
+        args.time_scale, args.routing, args.rate, args.duration, args.turns, args.seed
     );
     let _ = writeln!(md, "```\n{table}\n```\n");
     let _ = writeln!(md, "{}\n", comparison(&results[0], &results[1]));

@@ -26,11 +26,12 @@
 //! - The index is updated at admission (every block of the prompt, first to last), so two
 //!   requests that share a system prompt and are admitted one after the other see each
 //!   other's placement.
-//! - A follow-up is boosted (S1) only if its prompt starts with its session's previous prompt
-//!   (the previous turn's last full block hash sits at the same place in its chain): that is
-//!   the premise of session boost, and a "follow-up" that does not repeat its history (a RAG
-//!   turn with fresh passages) has no warm cache to gain from going first, while going first
-//!   costs everyone else. Counted in `Stats::boost_declined`.
+//! - A follow-up is boosted (S1) only if its prompt repeats at least the first half of its
+//!   session's previous prompt (the hash of the block at the half sits at the same place in its
+//!   chain; [`PromptMark`]): repeating the history is the premise of session boost, and a
+//!   "follow-up" that does not (a RAG turn with fresh passages) has little warm cache to gain
+//!   from going first, while going first costs everyone else. Counted in
+//!   `Stats::boost_declined`.
 //! - A request without block hashes (its prompt is shorter than a block, or the prompt pool
 //!   was exhausted) costs its whole prompt everywhere: it goes where the backlog is lowest.
 

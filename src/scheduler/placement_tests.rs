@@ -243,4 +243,15 @@ fn only_a_follow_up_that_repeats_its_previous_prompt_is_boosted() {
     assert_eq!(h.complete(2), vec![(5, 0)]);
     assert_eq!(h.complete(5), vec![(3, 0)]);
     assert_eq!(h.complete(3), vec![(4, 0)]);
+    h.complete(4);
+    // Repeating the first half of the previous prompt (its 6 of 12 blocks) is enough; 5 is not.
+    let mut half = chain(500, 6);
+    half.extend(chain(7000, 4));
+    let mut less = chain(500, 5);
+    less.extend(chain(8000, 5));
+    assert_eq!(h.arrive(6, None, &chain(900, 1), BLOCK_TOKENS, false), vec![(6, 0)]);
+    assert_eq!(h.arrive(7, Some(7), &less, 10 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.arrive(8, Some(7), &half, 10 * BLOCK_TOKENS, false), vec![]);
+    assert_eq!(h.s.stats().boost_declined, 2);
+    assert_eq!(h.complete(6), vec![(8, 0)]);
 }

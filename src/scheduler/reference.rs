@@ -309,10 +309,9 @@ impl Reference {
         let backend = done.backend;
         self.backends[usize::from(backend)].failures = 0;
         let Some(session) = done.request.session else { return };
-        let mark = match (self.p.routing, done.request.blocks.last()) {
-            (Routing::PrefixCost, Some(&tail)) => {
-                PromptMark { blocks: done.request.blocks.len() as u32, tail }
-            }
+        // The half-prompt mark is a definition (see `PromptMark::of`), used as is.
+        let mark = match self.p.routing {
+            Routing::PrefixCost => PromptMark::of(&done.request.blocks),
             _ => PromptMark::NONE,
         };
         self.tracker.complete_marked(session, now, backend, mark);

@@ -47,12 +47,13 @@ pub struct Completion {
     pub prompt: PromptMark,
 }
 
-/// The end of a prompt's block chain: enough to tell whether a later prompt repeats it.
+/// A point in a prompt's block chain: enough to tell whether a later prompt repeats the first
+/// half of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PromptMark {
-    /// Full blocks of the prompt; 0 when unknown.
+    /// How many full blocks the mark covers (half the prompt's, rounded up); 0 when unknown.
     pub blocks: u32,
-    /// The chained hash of its last full block (it names the whole prompt up to there).
+    /// The chained hash of the last of them (it names the whole prompt up to there).
     pub tail: u64,
 }
 
@@ -60,16 +61,23 @@ impl PromptMark {
     /// Nothing known.
     pub const NONE: PromptMark = PromptMark { blocks: 0, tail: 0 };
 
-    /// The mark of a prompt whose chain is `hashes`.
+    /// The mark of a prompt whose chain is `hashes`: its first half.
+    ///
+    /// Half, not all: a follow-up need not repeat its predecessor's prompt to the last byte to
+    /// find most of it cached (a client may trim or re-render the end of the history; the
+    /// Mooncake trace's follow-ups share every full 512-token block of their parent but not its
+    /// partial last one), while a turn that shares only a system prompt with its predecessor
+    /// (RAGPulse: fresh passages each turn) repeats less than half of it.
     pub fn of(hashes: &[u64]) -> PromptMark {
-        match hashes.last() {
-            Some(&tail) => PromptMark { blocks: hashes.len() as u32, tail },
-            None => PromptMark::NONE,
+        let blocks = hashes.len().div_ceil(2);
+        match blocks {
+            0 => PromptMark::NONE,
+            _ => PromptMark { blocks: blocks as u32, tail: hashes[blocks - 1] },
         }
     }
 
-    /// Whether the prompt of chain `hashes` starts with the marked prompt (true when the mark
-    /// is unknown: nothing says it does not).
+    /// Whether the prompt of chain `hashes` repeats the marked part (true when the mark is
+    /// unknown: nothing says it does not).
     pub fn extended_by(self, hashes: &[u64]) -> bool {
         self.blocks == 0 || hashes.get(self.blocks as usize - 1) == Some(&self.tail)
     }

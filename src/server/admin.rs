@@ -276,7 +276,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         (
             "warmpath_boost_declined_total",
             "counter",
-            "Follow-ups not boosted: their prompt does not repeat the previous turn's (S16).",
+            "Follow-ups not boosted: their prompt repeats less than half the previous turn's (S16).",
             |r| r.stats.boost_declined,
         ),
         (

@@ -15,6 +15,7 @@ fn the_demo_runs_both_strategies_and_writes_its_report() {
         turns: 2,
         time_scale: 4.0,
         out: out.clone(),
+        routing: "prefix-cost".into(),
         seed: 3,
         no_progress: true,
     };

@@ -608,14 +608,12 @@ impl Shard {
                             Phase::Head => "request head not received within server.header_timeout",
                             _ => "request body not received within server.body_timeout",
                         };
-                        if c.req.is_none() {
-                            c.closing = true;
-                        }
+                        // The rest of the head or body may still arrive: it must not be read
+                        // as a next request, so close (set before answering, which may flush
+                        // and end the request at once).
+                        c.closing = true;
                         let model = c.req.as_ref().and_then(|r| r.model);
                         self.router_error(key, 408, "request_timeout", message, model);
-                        if let Some(Conn::Client(c)) = self.conns.get_mut(key) {
-                            c.closing = true;
-                        }
                     }
                     // The client accepted nothing of its response for `idle_timeout`.
                     Phase::Upstream(_) | Phase::Done => self.client_gone(key),

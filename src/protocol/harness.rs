@@ -251,8 +251,9 @@ fn take(data: &mut &[u8]) -> u8 {
     }
 }
 
-/// Piece lengths for feeding input in splits: a cycle of 1 to 16 bytes from `seed`.
-fn pieces(seed: u8) -> impl FnMut() -> usize {
+/// Piece lengths for feeding input in splits: a cycle of 1 to 16 bytes from `seed`; all of
+/// it at once for seed 0.
+pub fn pieces(seed: u8) -> impl FnMut() -> usize {
     let mut state = u32::from(seed) | 1;
     move || {
         state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
@@ -323,7 +324,16 @@ enum Conn {
 }
 
 /// Runs the driver over `stream` in pieces from `next`.
-fn drive(stream: &[u8], mut next: impl FnMut() -> usize, limits: &Limits) -> Vec<Event> {
+fn drive(stream: &[u8], next: impl FnMut() -> usize, limits: &Limits) -> Vec<Event> {
+    drive_to_end(stream, next, limits).0
+}
+
+/// [`drive`], and whether the stream ended at a request boundary (nothing left unparsed).
+fn drive_to_end(
+    stream: &[u8],
+    mut next: impl FnMut() -> usize,
+    limits: &Limits,
+) -> (Vec<Event>, bool) {
     let mut events = Vec::new();
     let mut buf = Vec::new();
     let mut conn = Conn::Head;
@@ -333,11 +343,78 @@ fn drive(stream: &[u8], mut next: impl FnMut() -> usize, limits: &Limits) -> Vec
         buf.extend_from_slice(&stream[fed..fed + n]);
         fed += n;
         if !process(&mut buf, &mut conn, &mut events, limits) {
-            return events;
+            return (events, false);
         }
     }
     events.push(Event::End);
-    events
+    (events, buf.is_empty() && matches!(conn, Conn::Head))
+}
+
+/// A request the connection model completed, as a server must see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRequest {
+    /// Method.
+    pub method: Vec<u8>,
+    /// Request target.
+    pub target: Vec<u8>,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+    /// A `100 Continue` is due (`Expect: 100-continue` with a body).
+    pub expect_continue: bool,
+}
+
+/// How the connection model says a client byte stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelEnd {
+    /// A framing error: answered with this error's status, then closed.
+    Error {
+        /// What was wrong.
+        kind: ErrorKind,
+        /// It was in the body of a request owed a `100 Continue`, which came first.
+        after_continue: bool,
+    },
+    /// The last request did not keep the connection alive: closed after its answer.
+    Close,
+    /// The connection stays open; `clean` when the stream ended at a request boundary.
+    Open {
+        /// Nothing of a next request was sent.
+        clean: bool,
+    },
+}
+
+/// The requests a server completes on `stream` (however it is split) and how the connection
+/// ends, under `limits`: the model [`check_http_request`] holds split-invariant, for drivers
+/// of a real server (`server::harness`).
+pub fn connection_model(stream: &[u8], limits: &Limits) -> (Vec<ModelRequest>, ModelEnd) {
+    let (events, clean) = drive_to_end(stream, || usize::MAX, limits);
+    let mut requests = Vec::new();
+    let mut end = ModelEnd::Open { clean };
+    let mut pending: Option<ModelRequest> = None;
+    for event in events {
+        match event {
+            Event::Head { line, framing, expect, .. } => {
+                let space = line.iter().position(|&b| b == b' ').expect("method and target");
+                pending = Some(ModelRequest {
+                    method: line[..space].to_vec(),
+                    target: line[space + 1..].to_vec(),
+                    body: Vec::new(),
+                    expect_continue: expect && framing != Framing::None,
+                });
+            }
+            Event::Body(body) => {
+                let mut request = pending.take().expect("a head before its body");
+                request.body = body;
+                requests.push(request);
+            }
+            Event::Error(kind) => {
+                let after_continue = pending.as_ref().is_some_and(|p| p.expect_continue);
+                end = ModelEnd::Error { kind, after_continue };
+            }
+            Event::Close => end = ModelEnd::Close,
+            Event::End => {}
+        }
+    }
+    (requests, end)
 }
 
 /// Handles everything buffered; `false` once the connection is closed.

@@ -21,6 +21,9 @@ pub mod admin;
 pub mod metrics;
 pub mod shard;
 
+#[cfg(any(test, fuzzing))]
+pub mod harness;
+
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

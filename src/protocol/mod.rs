@@ -13,6 +13,7 @@
 //! - [`forward`]: [`write_upstream_head`], the request head sent to a backend (SPEC 2.6).
 //! - [`response`]: [`parse_response_head`], [`write_client_response_head`] and the router's own
 //!   JSON errors, [`write_error`] (SPEC 2.7 and the error table).
+//! - [`relay`]: [`BodyRelay`], a backend response body re-framed for the client read by read.
 //! - [`error`]: [`ProtocolError`] (which side broke which rule, with its status) and [`ModelError`].
 //!
 //! What is refused (400 unless stated; every refusal means "answer and close"):
@@ -40,6 +41,7 @@ pub mod error;
 pub mod forward;
 pub mod json;
 pub mod prompt;
+pub mod relay;
 pub mod request;
 pub mod response;
 
@@ -50,6 +52,7 @@ pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
 pub use forward::{write_upstream_head, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, ModelField};
+pub use relay::BodyRelay;
 pub use request::{parse_request_head, Framing, RequestHead};
 pub use response::{
     parse_response_head, reason_phrase, write_client_response_head, write_error,

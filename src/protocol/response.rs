@@ -89,6 +89,11 @@ pub fn parse_response_head(
     let (Some(code), Some(minor)) = (res.code, res.version) else {
         return Err(err(ErrorKind::InvalidStartLine));
     };
+    // httparse takes any three digits; RFC 9110 15 defines 100 to 599. Anything else would be
+    // relayed as a status line the client cannot parse (`004` is written as `4`).
+    if !(100..=599).contains(&code) {
+        return Err(err(ErrorKind::InvalidStartLine));
+    }
     let version = Version::from_minor(minor);
     let headers = HeaderList::from_httparse(buf, res.headers);
     let facts = gather(buf, &headers, version)?;

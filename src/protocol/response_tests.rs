@@ -45,13 +45,16 @@ fn framing_of_backend_responses() {
 
 #[test]
 fn malformed_backend_responses_are_502() {
-    let bad: [&[u8]; 6] = [
+    let bad: [&[u8]; 8] = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
         b"HTTP/2 200 OK\r\n\r\n",
         b"HTTP/1.1 2000 OK\r\n\r\n",
+        // Three digits, but not a status (RFC 9110 15): relayed, `004` would become `4`.
+        b"HTTP/1.1 004 OK\r\n\r\n",
+        b"HTTP/1.1 600 OK\r\n\r\n",
     ];
     for buf in bad {
         let err = parse_response_head(buf, 4096, false).unwrap_err();

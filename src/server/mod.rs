@@ -24,6 +24,9 @@ pub mod metrics;
 pub mod reload;
 pub mod shard;
 
+#[cfg(any(test, fuzzing))]
+pub mod harness;
+
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;

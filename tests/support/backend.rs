@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -52,11 +52,31 @@ pub enum Reply {
         /// Body.
         body: Vec<u8>,
     },
+    /// Write these bytes as they are (anything, malformed or not), then close the connection.
+    Raw(Vec<u8>),
+    /// 200 with a `Content-Length` body of this many bytes, written 64 KiB at a time as the
+    /// socket takes them; [`Backend::bytes_written`] counts what the socket took.
+    Bulk(usize),
     /// Close the connection without reading the request or answering: the unread bytes make
     /// the kernel answer with a reset (RST), before any response byte. Only decided for the
     /// first request on a connection; the request is counted in [`Backend::resets`], not
     /// recorded.
     Reset,
+}
+
+/// How `GET /metrics` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsMode {
+    /// vLLM gauges (the default).
+    Gauges,
+    /// Close the connection without answering.
+    Down,
+    /// The gauges, after this long.
+    Slow(Duration),
+    /// 200 with a body that is not Prometheus text.
+    Garbage,
+    /// 200 with a valid body of about this many bytes (comment lines, then the gauges).
+    Huge(usize),
 }
 
 /// One inference request as the backend received it.
@@ -162,6 +182,7 @@ struct State {
     release_all: bool,
     streams: VecDeque<StreamHandle>,
     healthy: bool,
+    metrics_mode: MetricsMode,
     waiting: u64,
     running: u64,
     health_checks: u64,
@@ -179,6 +200,8 @@ struct Shared {
     stop_accept: AtomicBool,
     /// The backend is dropped: held requests give up.
     stop: AtomicBool,
+    /// Body bytes of [`Reply::Bulk`] answers the sockets took.
+    bulk_written: AtomicU64,
 }
 
 impl Shared {
@@ -202,7 +225,12 @@ pub struct Backend {
 impl Backend {
     /// Starts listening on `127.0.0.1:0`.
     pub fn start() -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        Backend::start_on("127.0.0.1:0")
+    }
+
+    /// Starts listening on `addr` (a port another backend gave up: a restarted engine).
+    pub fn start_on(addr: &str) -> Backend {
+        let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -216,6 +244,7 @@ impl Backend {
                 release_all: false,
                 streams: VecDeque::new(),
                 healthy: true,
+                metrics_mode: MetricsMode::Gauges,
                 waiting: 0,
                 running: 0,
                 health_checks: 0,
@@ -227,6 +256,7 @@ impl Backend {
             changed: Condvar::new(),
             stop_accept: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            bulk_written: AtomicU64::new(0),
         });
         let accept_shared = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -317,6 +347,16 @@ impl Backend {
         self.shared.lock().healthy = healthy;
     }
 
+    /// How `GET /metrics` answers from now on.
+    pub fn set_metrics(&self, mode: MetricsMode) {
+        self.shared.lock().metrics_mode = mode;
+    }
+
+    /// Body bytes of [`Reply::Bulk`] answers that the sockets took so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.shared.bulk_written.load(Ordering::Acquire)
+    }
+
     /// The `vllm:num_requests_waiting` gauge.
     pub fn set_waiting(&self, waiting: u64) {
         self.shared.lock().waiting = waiting;
@@ -397,6 +437,77 @@ impl Drop for Backend {
         self.shared.lock().release_all = true;
         self.shared.notify();
         self.stop_listening();
+    }
+}
+
+/// A backend that accepts inference connections and never reads or answers: they stay open,
+/// silent, until it is dropped. Health checks (a `GET`) get a 200, so the router keeps it
+/// eligible.
+#[derive(Debug)]
+pub struct Silent {
+    addr: SocketAddr,
+    /// Connections held unread (health checks excluded).
+    held: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Silent {
+    /// Starts listening on `127.0.0.1:0`.
+    pub fn start() -> Silent {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let held_count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, flag) = (Arc::clone(&held_count), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                if flag.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let (flag, count) = (Arc::clone(&flag), Arc::clone(&count));
+                held.push(std::thread::spawn(move || silent_connection(stream, &flag, &count)));
+            }
+        });
+        Silent { addr, held: held_count, stop }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Connections held unread so far (health checks excluded).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Answers a `GET` (a health check) with 200; holds anything else unread until `stop`.
+fn silent_connection(stream: TcpStream, stop: &AtomicBool, held: &AtomicU64) {
+    let mut first = [0u8; 4];
+    if stream.peek(&mut first).is_ok() && first.starts_with(b"GET ") {
+        // Read the whole head first: closing on unread bytes would reset the connection.
+        let mut wire = Wire::new(stream);
+        if !matches!(wire.read_request_head(), Ok(Some(_))) {
+            return;
+        }
+        let mut stream = wire.stream;
+        let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        let _ = stream.write_all(ok.as_bytes());
+        return;
+    }
+    held.fetch_add(1, Ordering::AcqRel);
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -520,10 +631,10 @@ fn health(wire: &mut Wire, shared: &Shared) -> io::Result<()> {
 }
 
 fn metrics(wire: &mut Wire, shared: &Shared) -> io::Result<()> {
-    let text = {
+    let (mode, gauges) = {
         let mut state = shared.lock();
         state.scrapes += 1;
-        format!(
+        let gauges = format!(
             "# HELP vllm:num_requests_waiting Requests waiting to be processed.\n\
              # TYPE vllm:num_requests_waiting gauge\n\
              vllm:num_requests_waiting{{model_name=\"m\"}} {}.0\n\
@@ -531,9 +642,28 @@ fn metrics(wire: &mut Wire, shared: &Shared) -> io::Result<()> {
              # TYPE vllm:num_requests_running gauge\n\
              vllm:num_requests_running{{model_name=\"m\"}} {}.0\n",
             state.waiting, state.running
-        )
+        );
+        (state.metrics_mode.clone(), gauges)
     };
     shared.notify();
+    let text = match mode {
+        MetricsMode::Gauges => gauges,
+        MetricsMode::Down => {
+            let _ = wire.stream.shutdown(Shutdown::Both);
+            return Err(io::ErrorKind::ConnectionAborted.into());
+        }
+        MetricsMode::Slow(delay) => {
+            std::thread::sleep(delay);
+            gauges
+        }
+        MetricsMode::Garbage => "vllm:num_requests_waiting{ 12 ]]\n\u{0}\u{7f}{{{\n".to_owned(),
+        MetricsMode::Huge(bytes) => {
+            let line = "# padding padding padding padding padding padding padding padding\n";
+            let mut text = line.repeat(bytes / line.len() + 1);
+            text.push_str(&gauges);
+            text
+        }
+    };
     respond(wire, 200, &[("Content-Type", "text/plain; version=0.0.4")], text.as_bytes())
 }
 
@@ -573,6 +703,12 @@ fn inference(wire: &mut Wire, head: Head, body: Vec<u8>, conn: u64, shared: &Arc
                 headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             respond(wire, status, &headers, &body)
         }
+        Reply::Raw(bytes) => {
+            let _ = wire.send(&bytes);
+            let _ = wire.stream.shutdown(Shutdown::Both);
+            return End::Closed;
+        }
+        Reply::Bulk(len) => bulk(wire, len, shared),
         Reply::Reset => {
             // Decided too late (not the first request on the connection): just close.
             let _ = wire.stream.shutdown(Shutdown::Both);
@@ -670,6 +806,21 @@ fn relay_commands(wire: &mut Wire, receiver: &mpsc::Receiver<Command>) -> End {
             }
         }
     }
+}
+
+/// 200 and `len` bytes of `x`, 64 KiB per write, counted as the socket takes them.
+fn bulk(wire: &mut Wire, len: usize, shared: &Shared) -> io::Result<()> {
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n");
+    wire.send(head.as_bytes())?;
+    let piece = vec![b'x'; 64 << 10];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(piece.len());
+        wire.stream.write_all(&piece[..n])?;
+        shared.bulk_written.fetch_add(n as u64, Ordering::AcqRel);
+        left -= n;
+    }
+    Ok(())
 }
 
 /// A `chat.completion` JSON, or its SSE form when the request asked for a stream.

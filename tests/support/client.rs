@@ -84,6 +84,12 @@ impl Conn {
         Conn { wire: Wire::new(stream), pending: Vec::new(), framing: None }
     }
 
+    /// A client on a connection the test opened itself (e.g. to read interim responses raw).
+    pub fn from_stream(stream: TcpStream) -> Conn {
+        stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+        Conn { wire: Wire::new(stream), pending: Vec::new(), framing: None }
+    }
+
     /// Writes `bytes` (panics on error).
     pub fn send(&mut self, bytes: &[u8]) {
         self.wire.send(bytes).expect("send to the router");

@@ -3,7 +3,9 @@
 //!   records every request it receives;
 //! - [`client`]: a raw HTTP/1.1 client that sees exactly what the router sends (heads, chunked
 //!   framing, SSE events as they arrive) plus admin helpers for `/metrics` and `/debug/queue`;
-//! - [`router`]: a TOML configuration builder and a handle on a running `warmpath::server`.
+//! - [`router`]: a TOML configuration builder and a handle on a running `warmpath::server`;
+//! - [`ledger`]: every request's one outcome, checked against the router's counters and an
+//!   idle `/debug/queue` at the end of a fault-injection or hostile-input test.
 //!
 //! Time is read through `warmpath::clock` (clippy bans `Instant::now` outside it), and every
 //! wait is a poll with a deadline, never a fixed sleep used as synchronisation.
@@ -12,6 +14,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod ledger;
 pub mod router;
 pub mod wire;
 

@@ -200,6 +200,8 @@ impl Shard {
             return self.inference(key);
         }
         let gen = Arc::clone(&self.gen);
+        // HEAD is GET without the content (RFC 9110 9.3.2; `respond` leaves the body out).
+        let method = if method == b"HEAD" { b"GET".as_slice() } else { method };
         match (method, path) {
             (b"GET", b"/v1/models") => self.respond(key, 200, &gen.models_json),
             (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#),
@@ -356,9 +358,15 @@ impl Shard {
         let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
         let shutting = self.shared.shutting_down.load(Ordering::Acquire);
         let keep_alive = keep_alive && !shutting;
+        let start = c.wbuf.len();
         match connection_header(version, keep_alive) {
             Some(h) => write_error(status, code, message, &mut c.wbuf, &[h]),
             None => write_error(status, code, message, &mut c.wbuf, &[]),
+        }
+        if is_head_request(c) {
+            // RFC 9110 9.3.2: no content in an answer to HEAD (its Content-Length stays).
+            let head_end = c.wbuf[start..].windows(4).position(|w| w == b"\r\n\r\n");
+            c.wbuf.truncate(start + head_end.expect("write_error ends its head") + 4);
         }
         self.finish_response(key, status, keep_alive, model);
     }
@@ -384,7 +392,9 @@ impl Shard {
             w.extend_from_slice(b"\r\n");
         }
         w.extend_from_slice(b"\r\n");
-        w.extend_from_slice(body);
+        if !is_head_request(c) {
+            c.wbuf.extend_from_slice(body);
+        }
         self.finish_response(key, status, keep_alive, None);
     }
 
@@ -560,6 +570,9 @@ impl Shard {
         self.set_timer(key, None);
         if let Some(Conn::Client(mut c)) = self.conns.try_remove(key) {
             let _ = self.poll.registry().deregister(&mut c.stream);
+            if !c.gone {
+                discard_unread(&mut c.stream, &mut self.scratch);
+            }
             if let Some(mut req) = c.req.take() {
                 self.buffered -= std::mem::take(&mut req.buffered);
                 ShardMetrics::set(&self.metrics.buffered, self.buffered);
@@ -623,4 +636,32 @@ fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body:
     }
     pool.with(slot, |hashes| hasher.hash_body(body, hashes));
     slot
+}
+
+/// Whether the client's current request is a `HEAD` (its answer carries no content).
+fn is_head_request(c: &Client) -> bool {
+    c.req.as_ref().is_some_and(|r| r.head.method(&c.rbuf) == b"HEAD")
+}
+
+/// Bytes of unread input discarded at most before closing a client connection.
+const DISCARD_MAX: usize = 256 << 10;
+
+/// Half-closes `stream` and reads away the input that has already arrived, at most
+/// [`DISCARD_MAX`] bytes, before it is dropped: closing a socket with unread input makes the
+/// kernel send a reset instead of a FIN, and a reset discards the responses still queued for
+/// the client (the answers to pipelined requests before a malformed one, or the 400, 408 or
+/// 413 itself). RFC 9112 9.6 asks for this "lingering close"; input that arrives after the
+/// close can still reset the connection, as with any server that does not keep the socket.
+fn discard_unread(stream: &mut TcpStream, scratch: &mut Vec<u8>) {
+    let _ = stream.shutdown(Shutdown::Write);
+    scratch.clear();
+    scratch.resize(16 << 10, 0);
+    let mut discarded = 0;
+    while discarded < DISCARD_MAX {
+        match stream.read(scratch) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => discarded += n,
+        }
+    }
+    scratch.clear();
 }

@@ -36,7 +36,7 @@ use crate::clock::{Clock, Tick, TickRate};
 use crate::protocol::prompt::PromptHasher;
 use crate::protocol::{
     find_model, parse_request_head, parse_response_head, write_client_response_head, write_error,
-    write_protocol_error, write_upstream_head, ChunkedDecoder, ChunkedEncoder, ClientInfo,
+    write_protocol_error, write_upstream_head, BodyRelay, ChunkedDecoder, ClientInfo,
     ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
     ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
@@ -207,8 +207,8 @@ struct Upstream {
     /// Response head parsed: its framing upstream, and the relay plan to the client.
     framing: Option<ResponseFraming>,
     plan: RelayPlan,
-    remaining: u64,
-    decoder: Option<ChunkedDecoder>,
+    /// The body being relayed (framing, bytes left, chunked decoder).
+    body: BodyRelay,
     keep_alive: bool,
     /// Any response byte received (then nothing is retryable).
     got_bytes: bool,
@@ -712,14 +712,12 @@ impl Shard {
                             Phase::Head => "request head not received within server.header_timeout",
                             _ => "request body not received within server.body_timeout",
                         };
-                        if c.req.is_none() {
-                            c.closing = true;
-                        }
+                        // The rest of the head or body may still arrive: it must not be read
+                        // as a next request, so close (set before answering, which may flush
+                        // and end the request at once).
+                        c.closing = true;
                         let model = c.req.as_ref().and_then(|r| r.model);
                         self.router_error(key, 408, "request_timeout", message, model);
-                        if let Some(Conn::Client(c)) = self.conns.get_mut(key) {
-                            c.closing = true;
-                        }
                     }
                     // The client accepted nothing of its response for `idle_timeout`.
                     Phase::Upstream(_) | Phase::Done => self.client_gone(key),
@@ -797,28 +795,6 @@ fn get2(conns: &mut Slab<Conn>, up: usize) -> Option<(&mut Conn, &mut Conn)> {
         _ => return None,
     };
     conns.get2_mut(up, client)
-}
-
-/// Appends relayed body bytes in the client's framing: chunks for a re-framed body, raw
-/// otherwise.
-fn relay_bytes(data: &[u8], framing: ResponseFraming, out: &mut Vec<u8>) {
-    if data.is_empty() {
-        return;
-    }
-    match framing {
-        ResponseFraming::Chunked => ChunkedEncoder::chunk(data, out),
-        _ => out.extend_from_slice(data),
-    }
-}
-
-/// Chunked response bodies from backends: no size limit (responses stream for as long as the
-/// backend generates), the request limits for lines and trailers.
-fn upstream_chunk_limits() -> crate::protocol::ChunkedLimits {
-    crate::protocol::ChunkedLimits {
-        max_body_bytes: u64::MAX,
-        max_line_bytes: 4096,
-        max_trailer_bytes: 16 << 10,
-    }
 }
 
 /// The `Connection` header a router answer needs, if any.

@@ -57,7 +57,7 @@ impl Shard {
         u.rlen = 0;
         u.eof = false;
         u.framing = None;
-        u.decoder = None;
+        u.body = BodyRelay::default();
         u.got_bytes = false;
         u.paused = false;
         u.request_was_head = was_head;
@@ -106,8 +106,7 @@ impl Shard {
             timer: None,
             framing: None,
             plan: RelayPlan { framing: ResponseFraming::None, keep_alive: false },
-            remaining: 0,
-            decoder: None,
+            body: BodyRelay::default(),
             keep_alive: false,
             got_bytes: false,
             paused: false,
@@ -328,12 +327,7 @@ impl Shard {
             u.plan = plan;
             u.framing = Some(head.framing);
             u.keep_alive = head.keep_alive;
-            u.remaining = match head.framing {
-                ResponseFraming::ContentLength(n) => n,
-                _ => 0,
-            };
-            u.decoder = (head.framing == ResponseFraming::Chunked)
-                .then(|| ChunkedDecoder::new(upstream_chunk_limits(), Side::Upstream));
+            u.body = BodyRelay::new(head.framing, plan.framing);
             req.status = head.status;
             req.keep_alive = plan.keep_alive;
             consumed = head.head_len;
@@ -349,34 +343,12 @@ impl Shard {
         let req = c.req.as_mut().expect("a forwarded request");
         let input = &u.rbuf[consumed..u.rlen];
         let before = c.wbuf.len();
-        let done = match u.framing.expect("head parsed") {
-            ResponseFraming::None => true,
-            ResponseFraming::ContentLength(_) => {
-                let take = input.len().min(usize::try_from(u.remaining).unwrap_or(usize::MAX));
-                relay_bytes(&input[..take], u.plan.framing, &mut c.wbuf);
-                u.remaining -= take as u64;
-                consumed += take;
-                u.remaining == 0
+        let done = match u.body.feed(input, u.eof, &mut self.scratch, &mut c.wbuf) {
+            Ok(progress) => {
+                consumed += progress.consumed;
+                progress.done
             }
-            ResponseFraming::Chunked => {
-                let decoder = u.decoder.as_mut().expect("chunked decoder");
-                self.scratch.clear();
-                match decoder.feed(input, &mut self.scratch) {
-                    Ok(progress) => {
-                        relay_bytes(&self.scratch, u.plan.framing, &mut c.wbuf);
-                        consumed += progress.consumed;
-                        progress.done
-                    }
-                    Err(_) => {
-                        return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed));
-                    }
-                }
-            }
-            ResponseFraming::UntilClose => {
-                relay_bytes(input, u.plan.framing, &mut c.wbuf);
-                consumed += input.len();
-                u.eof
-            }
+            Err(_) => return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed)),
         };
         let body_bytes = c.wbuf.len() > before;
         u.rbuf.copy_within(consumed..u.rlen, 0);
@@ -388,9 +360,7 @@ impl Shard {
         let id = req.id;
         let client = u.client;
         if done {
-            if u.plan.framing == ResponseFraming::Chunked {
-                ChunkedEncoder::finish(&mut c.wbuf);
-            }
+            u.body.finish(&mut c.wbuf);
             req.complete = Some((200..300).contains(&req.status));
             c.phase = Phase::Done;
             let reusable = u.keep_alive && u.rlen == 0 && !u.eof;

@@ -1,0 +1,350 @@
+//! The connection state machine of a real shard fed arbitrary client bytes in arbitrary
+//! splits, checked against the connection model of `protocol::harness` (`cfg(test)` /
+//! `cfg(fuzzing)`; the `connection` fuzz target and a unit test drive it).
+//!
+//! One router runs for the life of the process (one shard, limits small enough for a fuzzer
+//! to reach: 1 KiB heads, 2 KiB bodies) in front of a minimal backend that answers every
+//! request `200 {}`. For each input, [`check_connection`] opens a connection, writes the bytes
+//! in pieces (each piece its own `write`, `TCP_NODELAY`, so the shard sees many splits), reads
+//! what comes back as a client would, and checks:
+//! - one final response per request the model completes, in order, each with the status its
+//!   route gives (the backend's 200, `/v1/models` and health 200, a bad body 400, another model
+//!   404, anything else 404), after a `100 Continue` exactly when one is due;
+//! - after a framing error the model names, a response with that error's status, then the
+//!   connection closed; after a request that does not keep the connection alive, closed;
+//! - on a connection left open at a request boundary, one more request is answered (so no
+//!   stray response was left queued); nothing else arrives;
+//! - afterwards the router is idle: every queue empty, inflight 0, and it counted exactly the
+//!   responses read.
+//!
+//! It is slower than the sans-IO targets (a few thousand executions per second: every input is
+//! a real exchange on loopback) and not fully deterministic (how the kernel coalesces writes
+//! varies), which is the point: it tests the shard, not a model of it.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::protocol::harness::{connection_model, pieces, ModelEnd, ModelRequest};
+use crate::protocol::{find_model, parse_response_head, Limits, ResponseFraming};
+
+use super::{admin, Running};
+
+/// How long a read waits before the router is declared stuck.
+const STUCK: Duration = Duration::from_secs(5);
+
+struct Rig {
+    addr: SocketAddr,
+    running: Running,
+    /// Responses the router had counted after the previous input.
+    counted: Mutex<u64>,
+    limits: Limits,
+}
+
+fn rig() -> &'static Rig {
+    static RIG: OnceLock<Rig> = OnceLock::new();
+    RIG.get_or_init(|| {
+        let backend = spawn_backend();
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshards = 1\n\
+             pin_cores = false\nmax_header_bytes = 1024\nmax_body_bytes = 2048\n\
+             header_timeout = \"10s\"\nbody_timeout = \"10s\"\n\
+             [upstream]\nmetrics_interval = \"1s\"\n\
+             [[model]]\nname = \"m\"\nengine = \"openai\"\nbackends = [\"{backend}\"]\n"
+        );
+        let config = Config::from_toml_str(&toml).expect("the harness configuration");
+        let limits = Limits {
+            max_header_bytes: 1024,
+            max_body_bytes: 2048,
+            session_header: config.queue.session_header.to_ascii_lowercase(),
+            ..Limits::default()
+        };
+        let running = super::start(config).expect("the harness router starts");
+        Rig { addr: running.addr(), running, counted: Mutex::new(0), limits }
+    })
+}
+
+/// A backend answering every request `200 {}` with keep-alive (health checks included).
+fn spawn_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_backend(stream));
+        }
+    });
+    addr
+}
+
+fn serve_backend(mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        // The router always forwards a Content-Length body.
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        while buf.len() < end + 4 + length {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..end + 4 + length);
+        let ok =
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        if stream.write_all(ok).is_err() {
+            return;
+        }
+    }
+}
+
+/// The status the router's routes give a complete request.
+fn route_status(request: &ModelRequest) -> u16 {
+    let path = request.target.split(|&b| b == b'?').next().unwrap_or(&[]);
+    if request.method == b"POST" && path.starts_with(b"/v1/") {
+        return match find_model(&request.body) {
+            Ok(field) if field.value == "m" => 200,
+            Ok(_) => 404,
+            Err(_) => 400,
+        };
+    }
+    match (&request.method[..], path) {
+        (b"GET" | b"HEAD", b"/v1/models" | b"/healthz" | b"/readyz") => 200,
+        _ => 404,
+    }
+}
+
+/// One response as a client reads it.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    close: bool,
+}
+
+/// A client's reader: responses framed by `Content-Length` (all the router sends here).
+struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    eof: bool,
+}
+
+impl Client {
+    fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        match self.stream.read(&mut chunk) {
+            Ok(0) => {
+                self.eof = true;
+                false
+            }
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
+                self.eof = true;
+                false
+            }
+            Err(e) => panic!("the router is stuck or failed: {e} after {:?}", self.shown()),
+        }
+    }
+
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(&self.buf).into_owned()
+    }
+
+    /// The next response (interim ones included), or `None` at end of stream.
+    fn response(&mut self, request_was_head: bool) -> Option<Answer> {
+        loop {
+            match parse_response_head(&self.buf, 1 << 20, request_was_head) {
+                Ok(Some(head)) => {
+                    let length = match head.framing {
+                        ResponseFraming::ContentLength(n) => n as usize,
+                        ResponseFraming::None => 0,
+                        other => panic!("unexpected framing {other:?}: {}", self.shown()),
+                    };
+                    while self.buf.len() < head.head_len + length {
+                        assert!(self.fill(), "the body was cut: {}", self.shown());
+                    }
+                    let close = head
+                        .headers
+                        .get(&self.buf, "connection")
+                        .is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
+                    self.buf.drain(..head.head_len + length);
+                    return Some(Answer { status: head.status, close });
+                }
+                Ok(None) => {
+                    if !self.fill() {
+                        assert!(self.buf.is_empty(), "a partial response: {}", self.shown());
+                        return None;
+                    }
+                }
+                Err(e) => panic!("the router sent a malformed response ({e}): {}", self.shown()),
+            }
+        }
+    }
+
+    /// The final response to one request, checking the `100 Continue` before it.
+    fn final_response(&mut self, expect_continue: bool, was_head: bool) -> Answer {
+        let first = self.response(was_head).expect("a response");
+        if first.status != 100 {
+            return first;
+        }
+        assert!(expect_continue, "a 100 Continue nobody asked for");
+        let last = self.response(was_head).expect("a response after 100 Continue");
+        assert_ne!(last.status, 100, "one 100 Continue per request");
+        last
+    }
+}
+
+/// Writes `data` (after one split-seed byte) to the router in pieces and checks what comes
+/// back against [`connection_model`]; see the module doc.
+pub fn check_connection(data: &[u8]) {
+    let Some((&seed, stream_bytes)) = data.split_first() else { return };
+    let rig = rig();
+    let (requests, end) = connection_model(stream_bytes, &rig.limits);
+    let stream = TcpStream::connect(rig.addr).expect("connect to the harness router");
+    stream.set_nodelay(true).expect("nodelay");
+    stream.set_read_timeout(Some(STUCK)).expect("read timeout");
+    let mut client = Client { stream, buf: Vec::new(), eof: false };
+    let mut next = pieces(seed);
+    let mut written = 0;
+    while written < stream_bytes.len() {
+        let n = next().min(stream_bytes.len() - written);
+        if client.stream.write_all(&stream_bytes[written..written + n]).is_err() {
+            break; // the router closed after an error; what it answered is still readable
+        }
+        written += n;
+    }
+    let mut read = 0;
+    let mut seen = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let was_head = request.method == b"HEAD";
+        if client.buf.is_empty() && !client.fill() {
+            let metrics = admin::render_metrics(&rig.running.shared);
+            let counters: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.starts_with("warmpath_c") || l.starts_with("warmpath_router_resp"))
+                .collect();
+            eprintln!("router: {counters:#?}");
+            panic!(
+                "closed before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
+                 answers before it {seen:?}",
+                i + 1,
+                requests.len(),
+                String::from_utf8_lossy(&request.method),
+                String::from_utf8_lossy(&request.target)
+            );
+        }
+        let response = client.final_response(request.expect_continue, was_head);
+        assert_eq!(
+            response.status,
+            route_status(request),
+            "request {:?} {:?}",
+            String::from_utf8_lossy(&request.method),
+            String::from_utf8_lossy(&request.target)
+        );
+        seen.push((response.status, response.close));
+        read += 1;
+    }
+    match end {
+        ModelEnd::Error { kind, after_continue } => {
+            let response = client.final_response(after_continue, false);
+            let status = crate::protocol::ProtocolError::downstream(kind).status();
+            assert_eq!(response.status, status, "the error's status ({kind:?})");
+            assert!(response.close, "an error answer says Connection: close");
+            read += 1;
+            assert!(client.response(false).is_none(), "closed after a framing error");
+        }
+        ModelEnd::Close => {
+            assert!(client.response(false).is_none(), "closed after a non-keep-alive answer");
+        }
+        ModelEnd::Open { clean: true } => {
+            client.stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n").expect("send");
+            let response = client.final_response(false, false);
+            assert_eq!(response.status, 200, "the connection still serves requests");
+            read += 1;
+        }
+        ModelEnd::Open { clean: false } => {}
+    }
+    let _ = client.stream.shutdown(Shutdown::Both);
+    drop(client);
+    settle(rig, read);
+}
+
+/// Waits until the router is idle and has counted `read` more responses than before.
+fn settle(rig: &Rig, read: u64) {
+    let mut counted = rig.counted.lock().unwrap_or_else(|e| e.into_inner());
+    let want = *counted + read;
+    for _ in 0..2000 {
+        let queue = admin::debug_queue(&rig.running.shared);
+        let idle = queue["models"]
+            .as_array()
+            .is_some_and(|models| models.iter().all(|m| m["queued"] == 0 && m["inflight"] == 0));
+        let now = responses_counted(rig);
+        assert!(now <= want, "the router counted {now} responses, {want} were read");
+        if idle && now == want {
+            *counted = want;
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    panic!("the router did not settle: {}", admin::debug_queue(&rig.running.shared));
+}
+
+/// Responses the router counted so far, every status, model-bound or not.
+fn responses_counted(rig: &Rig) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let shared = &rig.running.shared;
+    shared
+        .shard_metrics
+        .iter()
+        .map(|s| {
+            let s = Arc::clone(&s.lock().unwrap_or_else(|e| e.into_inner()));
+            let other: u64 = s.other_status.iter().map(|c| c.load(Relaxed)).sum();
+            let models: u64 =
+                s.models.iter().flat_map(|m| m.status.iter()).map(|c| c.load(Relaxed)).sum();
+            other + models
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds of `fuzz/corpus/connection`, each in several splits.
+    #[test]
+    fn seeds_pass_in_several_splits() {
+        let streams: [&[u8]; 6] = [
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}",
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n\
+              d\r\n{\"model\":\"m\"}\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /v1/models HTTP/1.0\r\n\r\nGET /nope HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\n{\"model\":",
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 13\r\n\r\n{\"model\":\"z\"}\
+              POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n[]",
+        ];
+        for stream in streams {
+            for seed in [0u8, 1, 3, 200] {
+                let mut data = vec![seed];
+                data.extend_from_slice(stream);
+                check_connection(&data);
+            }
+        }
+    }
+}

@@ -1,20 +1,24 @@
 //! `warmpath demo` (SPEC section 5): the embedded default. With no configuration it starts two
 //! simulated engines ([`crate::sim`]) and the router ([`crate::server`]) on free loopback
-//! ports, drives the same multi-turn workload ([`crate::bench`]) through the router once with
-//! `queue.strategy = "fifo"` and once with `"session-boost"` (session-affinity routing both
-//! times), prints the comparison and writes a report (markdown, JSON per run, a TTFT plot) to
-//! an output folder it names.
+//! ports, drives the same multi-turn workload ([`crate::bench`]) through the router twice —
+//! once as a plain load balancer would (`queue.strategy = "fifo"`, least-inflight routing),
+//! once as warmpath does (`"session-boost"` with prefix-cost routing, S16) — prints the
+//! comparison and writes a report (markdown, JSON per run, a TTFT plot) to an output folder it
+//! names.
 //!
-//! Each strategy gets fresh engines (empty prefix caches) and a fresh router, so neither run
-//! inherits the other's warm caches. The workload is the same for both (same seed). The
-//! defaults put the two engines near saturation on this kind of machine — prefill-heavy first
-//! turns arriving faster than two engines clear them alone — so requests queue in the router
-//! and the order it serves them in shows; `--rate` and `--time-scale` move the load. The
-//! defaults (8 sessions per second for 10 s, 4 turns, engines at a quarter of the modelled
-//! speed) were chosen on the 2-core development machine by watching `/debug/queue`: at half
-//! speed the router's queue stayed empty (the engines batch everything, nothing to reorder);
-//! at a quarter the engines saturate, requests queue in the router and the strategies differ.
-//! The whole demo takes about a minute and a half there.
+//! Each run gets fresh engines (empty prefix caches) and a fresh router, so neither inherits
+//! the other's warm caches. The workload is the same for both (same seed). The defaults model
+//! a chat over a pasted document: 4 sessions per second for 12 s, 4 turns, a 512-word shared
+//! system prompt and 12,000 words of context in each first turn, engines at the modelled speed.
+//! That offers the two engines about 88 % of their prefill capacity once follow-ups hit their
+//! cache (4 x (12,600 + 3 x 300) tokens per second against 61,100; `docs/sim.md`), and their
+//! caches hold about as many sessions as are live, so where a follow-up goes decides whether
+//! its history is recomputed. Chosen on the 2-core development machine (perf/RESULTS.md, the
+//! demo section): at this load the fifo baseline recomputes about half of the follow-ups'
+//! history on the wrong engine, and warmpath's follow-ups start 20–25x sooner. Lighter
+//! workloads (2,000 words of context) left both runs' follow-ups unqueued and cached, with
+//! nothing to tell apart; heavier ones overloaded the engines and made the comparison depend
+//! on the run. The whole demo takes a little over a minute there.
 
 use std::fmt::Write as _;
 use std::io;
@@ -30,23 +34,28 @@ use crate::sim::{self, RunningSim, SimOptions};
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// How long sessions keep arriving, per strategy (the run then waits for their last turns).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "12s", value_parser = parse_duration)]
     pub duration: Duration,
     /// New sessions per second.
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 4.0)]
     pub rate: f64,
     /// Turns per session.
     #[arg(long, default_value_t = 4)]
     pub turns: u32,
+    /// Words of context in each session's first turn (a pasted document; the system prompt of
+    /// 512 words is shared by all sessions).
+    #[arg(long, default_value_t = 12000)]
+    pub context_words: u32,
     /// Simulated seconds per real second in the engines (below 1: slower than the modelled
     /// GPU, so fewer requests saturate them and the machine has room for everything else).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Where to write the report (created; default `warmpath-demo/` in the current directory).
     #[arg(long, value_name = "DIR", default_value = "warmpath-demo")]
     pub out: PathBuf,
-    /// The router's backend choice for both strategies: `prefix-cost` (S16: where the prompt's
-    /// prefix is cached, which follows sessions too) or `session-affinity` (S7).
+    /// The router's backend choice under session-boost: `prefix-cost` (S16: where the prompt's
+    /// prefix is cached, which follows sessions too) or `session-affinity` (S7). The fifo
+    /// baseline always routes to the least-loaded engine.
     #[arg(long, default_value = "prefix-cost", value_parser = ["prefix-cost", "session-affinity", "least-inflight", "round-robin"])]
     pub routing: String,
     /// Seed of the workload and the engines.
@@ -84,17 +93,21 @@ pub fn demo(args: &DemoArgs) -> io::Result<PathBuf> {
         rate: args.rate,
         duration: args.duration,
         turns: args.turns,
+        context_words: args.context_words,
         seed: args.seed,
         ..MultiTurn::default()
     }
     .workload();
     let mut results = Vec::with_capacity(2);
-    for strategy in ["fifo", "session-boost"] {
+    // The baseline is what a plain load balancer does: arrival order, least-loaded engine.
+    for (strategy, routing) in
+        [("fifo", "least-inflight"), ("session-boost", args.routing.as_str())]
+    {
         eprintln!(
-            "demo: {strategy}: two engines, the router, {} sessions",
+            "demo: {strategy} + {routing}: two engines, the router, {} sessions",
             workload.sessions.len()
         );
-        results.push(run_strategy(args, strategy, &workload)?);
+        results.push(run_strategy(args, strategy, routing, &workload)?);
     }
     let table = bench::table(&results);
     println!("{table}");
@@ -107,15 +120,16 @@ pub fn demo(args: &DemoArgs) -> io::Result<PathBuf> {
 fn run_strategy(
     args: &DemoArgs,
     strategy: &str,
+    routing: &str,
     workload: &bench::Workload,
 ) -> io::Result<BenchResult> {
     let engines = start_engines(args)?;
     let addrs: Vec<String> = engines.iter().map(|e| e.addr().to_string()).collect();
-    let config = router_config(strategy, &args.routing, &addrs)?;
+    let config = router_config(strategy, routing, &addrs)?;
     let router = crate::server::start(config)?;
     let options = RunOptions {
         model: MODEL.into(),
-        label: strategy.into(),
+        label: format!("{strategy}/{routing}"),
         engine_metrics: addrs.iter().map(|a| format!("http://{a}/metrics")).collect(),
         progress: !args.no_progress,
         ..RunOptions::default()
@@ -210,10 +224,17 @@ fn write_report(
     let _ = writeln!(
         md,
         "Two simulated engines (`warmpath sim`, profile h100-8b, time scale {}) behind warmpath \
-         (one shard, {} routing); the same multi-turn workload ({} sessions per \
-         second for {:?}, {} turns each, seed {}) run once per queue strategy, each on fresh \
-         engines.\n",
-        args.time_scale, args.routing, args.rate, args.duration, args.turns, args.seed
+         (one shard); the same multi-turn workload ({} sessions per second for {:?}, {} turns \
+         each, {} words of context in each first turn, seed {}) run twice, each time on fresh \
+         engines: as a plain load balancer would (`fifo`, least-inflight routing) and as \
+         warmpath does (`session-boost`, {} routing).\n",
+        args.time_scale,
+        args.rate,
+        args.duration,
+        args.turns,
+        args.context_words,
+        args.seed,
+        args.routing
     );
     let _ = writeln!(md, "```\n{table}\n```\n");
     let _ = writeln!(md, "{}\n", comparison(&results[0], &results[1]));

@@ -13,6 +13,7 @@ fn the_demo_runs_both_strategies_and_writes_its_report() {
         duration: Duration::from_secs(2),
         rate: 3.0,
         turns: 2,
+        context_words: 200,
         time_scale: 4.0,
         out: out.clone(),
         routing: "prefix-cost".into(),

@@ -248,7 +248,7 @@ fn write_report(
             errors,
             result.not_sent,
             result.planned,
-            result.label
+            bench::report::file_stem(&result.label)
         );
     }
     let _ = writeln!(md, "\n![TTFT distribution](ttft.svg)");

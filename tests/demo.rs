@@ -27,7 +27,8 @@ fn the_demo_runs_both_strategies_and_writes_its_report() {
     assert!(report.contains("ttft.svg"), "the report links its plot");
     let svg = std::fs::read_to_string(out.join("ttft.svg")).expect("the plot");
     assert!(svg.starts_with("<svg") || svg.contains("<svg"), "an SVG");
-    for label in ["fifo", "session-boost"] {
+    assert!(report.contains("fifo_least-inflight.json"), "the report names the raw data");
+    for label in ["fifo_least-inflight", "session-boost_prefix-cost"] {
         let json = std::fs::read_to_string(out.join(format!("{label}.json"))).expect(label);
         let result: serde_json::Value = serde_json::from_str(&json).expect("JSON");
         let planned = result["planned"].as_u64().expect("planned");

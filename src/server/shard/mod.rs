@@ -8,7 +8,7 @@
 //! relayed as it arrives), `Done` (the response is complete in the write buffer; once flushed,
 //! the request ends and the next pipelined one, if any, is parsed), `Lingering` (the connection
 //! closes after that answer: half-closed, its input discarded until the client closes or
-//! [`LINGER`] passes, so that a reset cannot destroy the answer). Router answers (errors,
+//! `LINGER` passes, so that a reset cannot destroy the answer). Router answers (errors,
 //! `/v1/models`, health) go straight to `Done`.
 //!
 //! Every request ends exactly one way (S14): a relayed response, a router error, or its client

@@ -558,8 +558,8 @@ fn answers_to_head_carry_no_content() {
 /// and the 400 reach the client before the close. (Before the fix the router closed with the
 /// unread bytes in its socket, so the kernel sent a reset and dropped the answers still queued
 /// behind the congestion window: the client lost some of them about one time in ten with 17
-/// answers, found by the `connection` fuzz target. It now half-closes and reads away what has
-/// arrived first.)
+/// answers, found by the `connection` fuzz target. It now lingers: half-closes, and reads and
+/// discards input until the client closes.)
 #[test]
 fn answers_before_a_malformed_request_survive_the_close() {
     let backend = Backend::start();

@@ -8,6 +8,9 @@ impl Shard {
 
     /// Reads what the client sent, then moves its request along.
     pub(super) fn read_client(&mut self, key: usize) {
+        if self.client(key).phase == Phase::Lingering {
+            return self.discard_input(key);
+        }
         loop {
             let limit = self.read_limit(key);
             let c = self.client(key);
@@ -76,7 +79,7 @@ impl Shard {
             let progressed = match phase {
                 Phase::Head => self.parse_head(key),
                 Phase::Body => self.read_body(key),
-                Phase::Queued | Phase::Upstream(_) | Phase::Done => false,
+                Phase::Queued | Phase::Upstream(_) | Phase::Done | Phase::Lingering => false,
             };
             if !self.conns.contains(key) {
                 return;
@@ -513,7 +516,7 @@ impl Shard {
         let c = self.client(key);
         let closing = c.closing || !req.keep_alive || shutting;
         if closing {
-            return self.close_client(key);
+            return self.linger(key);
         }
         // Drop the request's bytes; a pipelined request may follow.
         let used = req.raw_len.min(c.rlen);
@@ -564,6 +567,55 @@ impl Shard {
             }
         }
         self.close_client(key);
+    }
+
+    /// Closes a client connection whose last answer is flushed without destroying that answer:
+    /// closing a socket with unread input makes the kernel send a reset, and a reset drops
+    /// what is still queued for the client (the answers to pipelined requests before a
+    /// malformed one, or the 400, 408 or 413 itself). So the shard half-closes it (a FIN after
+    /// the answer) and reads away its input until the client closes or [`LINGER`] passes
+    /// (RFC 9112 9.6, nginx's lingering close). The connection still counts towards
+    /// `max_connections` meanwhile. During a drain (S13) it closes at once instead: lingering
+    /// must not hold the shutdown up.
+    pub(super) fn linger(&mut self, key: usize) {
+        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
+        let c = self.client(key);
+        if c.gone || c.hup || shutting {
+            return self.close_client(key);
+        }
+        let _ = c.stream.shutdown(Shutdown::Write);
+        c.phase = Phase::Lingering;
+        c.rlen = 0;
+        let deadline = self.clock.now() + self.rate.ticks(LINGER);
+        self.set_timer(key, Some(deadline));
+        self.discard_input(key);
+    }
+
+    /// Reads and drops a lingering connection's input; closes it at the client's end.
+    fn discard_input(&mut self, key: usize) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.resize(16 << 10, 0);
+        let c = self.client(key);
+        let mut discarded = 0;
+        let closed = loop {
+            if discarded >= DISCARD_MAX {
+                break false; // a flood: its next bytes bring a new edge
+            }
+            match c.stream.read(&mut scratch) {
+                Ok(0) => break true,
+                Ok(n) => discarded += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        scratch.clear();
+        self.scratch = scratch;
+        if closed {
+            self.client(key).gone = true;
+            self.close_client(key);
+        }
     }
 
     pub(super) fn close_client(&mut self, key: usize) {
@@ -643,7 +695,8 @@ fn is_head_request(c: &Client) -> bool {
     c.req.as_ref().is_some_and(|r| r.head.method(&c.rbuf) == b"HEAD")
 }
 
-/// Bytes of unread input discarded at most before closing a client connection.
+/// Bytes of unread input discarded at most before closing a client connection, and per read
+/// event of a lingering one.
 const DISCARD_MAX: usize = 256 << 10;
 
 /// Half-closes `stream` and reads away the input that has already arrived, at most

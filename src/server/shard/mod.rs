@@ -6,7 +6,9 @@
 //! A client connection goes through [`Phase`]s: `Head` (reading the request head), `Body`,
 //! `Queued` (the request waits in its model's scheduler), `Upstream` (forwarded; the response is
 //! relayed as it arrives), `Done` (the response is complete in the write buffer; once flushed,
-//! the request ends and the next pipelined one, if any, is parsed). Router answers (errors,
+//! the request ends and the next pipelined one, if any, is parsed), `Lingering` (the connection
+//! closes after that answer: half-closed, its input discarded until the client closes or
+//! `LINGER` passes, so that a reset cannot destroy the answer). Router answers (errors,
 //! `/v1/models`, health) go straight to `Done`.
 //!
 //! Every request ends exactly one way (S14): a relayed response, a router error, or its client
@@ -68,6 +70,9 @@ const CLIENT_HIGH_WATER: usize = 256 << 10;
 const TIMER_TICK: Duration = Duration::from_millis(5);
 /// How often the loop retries inputs that did not fit a full scheduler inbox.
 const BACKLOG_TICK: Duration = Duration::from_micros(200);
+/// How long a closing client connection keeps reading (and discarding) its input after its
+/// last answer, so that a reset does not destroy that answer (RFC 9112 9.6).
+const LINGER: Duration = Duration::from_secs(2);
 /// Serial numbers carry the connection key in their low bits.
 const KEY_BITS: u32 = 24;
 
@@ -110,6 +115,9 @@ enum Phase {
     Queued,
     Upstream(usize),
     Done,
+    /// The answer is out and the connection half-closed; input is read and discarded until the
+    /// client closes or [`LINGER`] passes (see `Shard::linger`).
+    Lingering,
 }
 
 /// The admission of the current request.
@@ -706,6 +714,10 @@ impl Shard {
             Some(Conn::Client(c)) => {
                 c.timer = None;
                 match c.phase {
+                    Phase::Lingering => {
+                        c.gone = true;
+                        self.close_client(key);
+                    }
                     Phase::Head if c.rlen == 0 => self.close_client(key),
                     Phase::Head | Phase::Body => {
                         let message = match c.phase {

@@ -119,10 +119,11 @@ impl Walk<'_, '_> {
     fn string_end(&self, at: usize) -> Option<usize> {
         let mut i = at + 1;
         loop {
-            match self.byte(i)? {
+            // Strings are most of a chat body: jump to the next quote or backslash.
+            i += memchr::memchr2(b'"', b'\\', self.buf.get(i..)?)?;
+            match self.buf[i] {
                 b'"' => return Some(i + 1),
-                b'\\' => i += 2,
-                _ => i += 1,
+                _ => i += 2,
             }
         }
     }

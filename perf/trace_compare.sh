@@ -60,7 +60,8 @@ BASE_PORT=${BASE_PORT:-18300}
 SET=${SET:-}
 ROUNDS=${ROUNDS:-1}
 
-log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# shellcheck source=perf/lib.sh
+. perf/lib.sh
 [[ -x $WARMPATH ]] || { log "no $WARMPATH: run cargo build --release"; exit 1; }
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
@@ -85,40 +86,8 @@ wait_port() { # wait until something answers GET $1
   log "nothing answers $1"; return 1
 }
 
-router_config() { # $1 = configuration name
-  local strategy routing extra=""
-  case $1 in
-    fifo-li) strategy=fifo routing=least-inflight ;;
-    fifo-sa) strategy=fifo routing=session-affinity ;;
-    boost-li) strategy=session-boost routing=least-inflight ;;
-    boost-sa) strategy=session-boost routing=session-affinity ;;
-    boost-pc) strategy=session-boost routing=prefix-cost ;;
-    fifo-pc) strategy=fifo routing=prefix-cost ;;
-    kthena) strategy=session-boost routing=session-affinity
-            extra=$'inflight_per_backend = 16\nprefill_tokens_per_backend = 0' ;;
-    *) log "unknown configuration $1"; exit 2 ;;
-  esac
-  cat <<EOF
-[server]
-listen = "127.0.0.1:$ROUTER"
-admin_listen = "127.0.0.1:$ADMIN"
-shards = 1
-pin_cores = false
-
-[queue]
-strategy = "$strategy"
-timeout = "300s"
-$extra
-
-[upstream]
-metrics_interval = "100ms"
-
-[[model]]
-name = "sim-8b"
-engine = "vllm"
-routing = "$routing"
-backends = ["127.0.0.1:$SIM1", "127.0.0.1:$SIM2"]
-EOF
+router_config() { # $1 = configuration name (perf/lib.sh has the configurations)
+  warmpath_config "$1" "$ROUTER" "$ADMIN" "$SIM1" "$SIM2"
 }
 
 one_run() { # $1 trace, $2 config, $3 load, $4 round

@@ -1,6 +1,6 @@
-# Shared by perf/peer_compare.sh and perf/scale_out_test.sh (source it; it defines functions
-# and runs nothing). The warmpath configurations and the load definitions are those of
-# perf/trace_compare.sh, which keeps its own copies: a change to one must be made to the other.
+# Shared by perf/trace_compare.sh, perf/peer_compare.sh and perf/scale_out_test.sh (source it;
+# it defines functions and runs nothing): process handling, the warmpath configurations and the
+# load definitions (the arithmetic is in trace_compare.sh's header).
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "$*"; exit 1; }

@@ -65,10 +65,8 @@ ROUNDS=${ROUNDS:-1}
 [[ -x $WARMPATH ]] || { log "no $WARMPATH: run cargo build --release"; exit 1; }
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
-PIDS=()
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  stop_all
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -78,40 +76,22 @@ WARMPATH=$TMP/warmpath
 
 SIM1=$((BASE_PORT + 1)) SIM2=$((BASE_PORT + 2)) ROUTER=$((BASE_PORT + 10)) ADMIN=$((BASE_PORT + 11))
 
-wait_port() { # wait until something answers GET $1
-  for _ in $(seq 1 100); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  log "nothing answers $1"; return 1
-}
-
 router_config() { # $1 = configuration name (perf/lib.sh has the configurations)
   warmpath_config "$1" "$ROUTER" "$ADMIN" "$SIM1" "$SIM2"
 }
 
 one_run() { # $1 trace, $2 config, $3 load, $4 round
-  local trace=$1 config=$2 load=$3 round=$4 compress window
+  local trace=$1 config=$2 load=$3 round=$4 compress window duration
   local label="$trace-$config-L${load//./}-r$round"
-  case $trace in
-    mooncake) compress=$(python3 -c "print(round($SIM_SCALE * $load * $MOONCAKE_RATIO, 4))"); window=$MOONCAKE_WINDOW ;;
-    ragpulse) compress=$(python3 -c "print(round($SIM_SCALE * $load * $RAGPULSE_RATIO, 4))"); window=$RAGPULSE_WINDOW ;;
-  esac
-  local duration
+  compress=$(compress_for "$trace" "$load")
+  window=$(window_for "$trace")
   duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
-  PIDS=()
-  "$WARMPATH" sim --listen "127.0.0.1:$SIM1" --time-scale "$SIM_SCALE" --seed 1 >"$TMP/sim1.log" 2>&1 &
-  PIDS+=($!)
-  "$WARMPATH" sim --listen "127.0.0.1:$SIM2" --time-scale "$SIM_SCALE" --seed 2 >"$TMP/sim2.log" 2>&1 &
-  PIDS+=($!)
+  start_sims "$SIM1" "$SIM2" "$TMP"
   router_config "$config" >"$TMP/router.toml"
   local sets=()
   for kv in $SET; do sets+=(--set "$kv"); done
-  "$WARMPATH" serve --config "$TMP/router.toml" "${sets[@]}" >"$TMP/router.log" 2>&1 &
-  PIDS+=($!)
-  wait_port "http://127.0.0.1:$SIM1/health"
-  wait_port "http://127.0.0.1:$SIM2/health"
-  wait_port "http://127.0.0.1:$ROUTER/healthz"
+  start_bg "$TMP/router.log" "$WARMPATH" serve --config "$TMP/router.toml" "${sets[@]}"
+  wait_http "http://127.0.0.1:$ROUTER/healthz"
   sleep 0.3 # a first scrape
   log "$label: $trace x$compress for $duration of replay"
   "$WARMPATH" bench --target "http://127.0.0.1:$ROUTER" --model sim-8b --workload "$trace" \
@@ -123,9 +103,7 @@ one_run() { # $1 trace, $2 config, $3 load, $4 round
   curl -fsS "http://127.0.0.1:$ADMIN/metrics" >"$OUT/$label.router-metrics.txt" 2>/dev/null || true
   curl -fsS "http://127.0.0.1:$SIM1/metrics" >"$OUT/$label.sim1-metrics.txt" 2>/dev/null || true
   curl -fsS "http://127.0.0.1:$SIM2/metrics" >"$OUT/$label.sim2-metrics.txt" 2>/dev/null || true
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PIDS=()
+  stop_all
 }
 
 for round in $(seq 1 "$ROUNDS"); do

@@ -1,0 +1,155 @@
+//! Read-only views of a [`Scheduler`]: the accessors its host reads for reports and tests read
+//! for assertions, and [`Scheduler::check_invariants`], the debug check of every structure and
+//! of S14's accounting that tests and the fuzzer call after each step.
+
+use crate::clock::Tick;
+
+use super::policy::Backend;
+use super::{placement, prefix, Lane, Params, Scheduler, Stats, Timer};
+
+impl Scheduler {
+    /// Whether `backend` was removed by a reconfiguration.
+    pub fn backend_removed(&self, backend: u16) -> bool {
+        self.backends[usize::from(backend)].removed
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Queued requests in `lane`.
+    pub fn depth(&self, lane: Lane) -> u32 {
+        self.queue.lane_len(lane)
+    }
+
+    /// Queued requests, all lanes.
+    pub fn queued(&self) -> u32 {
+        self.queue.queued()
+    }
+
+    /// Model-wide admitted requests.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// Admitted requests on `backend`.
+    pub fn backend_inflight(&self, backend: u16) -> u32 {
+        self.backends[usize::from(backend)].inflight
+    }
+
+    /// Prefill backlog of `backend`, in estimated tokens.
+    pub fn backend_prefill_tokens(&self, backend: u16) -> u64 {
+        self.backends[usize::from(backend)].prefill_tokens
+    }
+
+    /// Slots of `backend` held for grace windows.
+    pub fn backend_holds(&self, backend: u16) -> u32 {
+        self.backends[usize::from(backend)].holds
+    }
+
+    /// Whether `backend` is healthy and not ejected.
+    pub fn backend_usable(&self, backend: u16) -> bool {
+        self.backends[usize::from(backend)].usable()
+    }
+
+    /// Whether `backend`'s last health check passed, and whether it is passively ejected.
+    pub fn backend_health(&self, backend: u16) -> (bool, bool) {
+        let b = &self.backends[usize::from(backend)];
+        (b.healthy, b.ejected)
+    }
+
+    /// The waiting-queue gauge `backend` last reported, if any, and when it was scraped.
+    pub fn backend_waiting(&self, backend: u16) -> (Option<u32>, Tick) {
+        let b = &self.backends[usize::from(backend)];
+        (b.waiting, b.scraped_at)
+    }
+
+    /// The arrival tick of the longest-waiting queued request, O(1): the earliest among the
+    /// lane heads (the forced and normal lanes are in arrival order and the boosted lane keeps
+    /// an arrival-ordered list; the retry lane is in retry order, so a retried request behind
+    /// an older one's retry is missed, which the lane's size, a few requests, makes harmless).
+    pub fn oldest_arrival(&self) -> Option<Tick> {
+        let heads = [
+            self.queue.first(Lane::Retry),
+            self.queue.first(Lane::Forced),
+            self.queue.oldest_boosted(),
+            self.queue.first(Lane::Normal),
+        ];
+        heads.into_iter().flatten().map(|index| self.queue.get(index).arrived_at).min()
+    }
+
+    /// Sessions in the tracker.
+    pub fn sessions_tracked(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Bytes of every buffer the scheduler preallocated.
+    pub fn heap_bytes(&self) -> usize {
+        self.queue.heap_bytes()
+            + self.tracker.heap_bytes()
+            + self.wheel.heap_bytes()
+            + self.holds.allocation_size()
+            + self.backends.capacity() * std::mem::size_of::<Backend>()
+            + self.expired.capacity() * std::mem::size_of::<(Tick, Timer)>()
+            + self.prefix.as_ref().map_or(0, placement::Prefix::heap_bytes)
+    }
+
+    /// Checks every structure and the accounting of S14; panics on a violation.
+    pub fn check_invariants(&self) {
+        self.queue.check_invariants();
+        self.tracker.check_invariants();
+        self.wheel.check_invariants();
+        let count = self.backends.len();
+        let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
+        self.queue.for_each_admitted(|index, entry| {
+            inflight[usize::from(entry.backend)] += 1;
+            if entry.prefill_pending {
+                prefill[usize::from(entry.backend)] += self.backlog_tokens(index);
+            }
+        });
+        let mut holds = vec![0u32; count];
+        for hold in self.holds.values() {
+            holds[usize::from(hold.backend)] += 1;
+        }
+        for (index, backend) in self.backends.iter().enumerate() {
+            assert_eq!(backend.inflight, inflight[index], "inflight of backend {index}");
+            assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
+            assert_eq!(backend.holds, holds[index], "holds of backend {index}");
+            // A reconfiguration may lower the cap under a backend's inflight; no slot is held
+            // then, and none is admitted until it is under the cap again.
+            let slots = backend.inflight + backend.holds;
+            let over = backend.holds == 0 && backend.inflight >= self.params.inflight_per_backend;
+            assert!(slots <= self.params.inflight_per_backend || over, "backend {index} over cap");
+        }
+        assert_eq!(self.inflight, inflight.iter().sum::<u32>(), "model inflight");
+        assert_eq!(self.held, holds.iter().sum::<u32>(), "model holds");
+        let usable = self.backends.iter().filter(|backend| backend.usable()).count();
+        assert_eq!(usize::from(self.usable), usable, "usable backend count");
+        let deadlines = if self.params.queue_timeout.is_some() { self.queue.queued() } else { 0 };
+        assert_eq!(self.queue.deadlines_armed(), deadlines, "armed queue deadlines");
+        let stale = self.backends.iter().filter(|backend| backend.stale_timer.is_some()).count();
+        let placement = self.prefix.as_ref().is_some_and(|p| p.timer.is_some());
+        assert_eq!(
+            self.wheel.len(),
+            self.holds.len() + stale + usize::from(placement),
+            "timer count"
+        );
+        if let Some(prefix) = &self.prefix {
+            for index in &prefix.indexes {
+                index.check_invariants();
+            }
+            let slots = prefix.prompt_of.iter().filter(|&&p| p != prefix::NO_PROMPT).count();
+            assert_eq!(slots + prefix.pool.available(), prefix.pool.capacity(), "prompt slots");
+        }
+        assert!(self.queue.queued() + self.inflight <= self.queue.capacity());
+        if self.shutting_down {
+            assert_eq!(self.queue.queued(), 0, "queued requests after shutdown");
+        }
+    }
+}

@@ -140,6 +140,7 @@ struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
     eof: bool,
+    reset: bool,
 }
 
 impl Client {
@@ -156,6 +157,7 @@ impl Client {
             }
             Err(e) if e.kind() == ErrorKind::ConnectionReset => {
                 self.eof = true;
+                self.reset = true;
                 false
             }
             Err(e) => panic!("the router is stuck or failed: {e} after {:?}", self.shown()),
@@ -219,7 +221,7 @@ pub fn check_connection(data: &[u8]) {
     let stream = TcpStream::connect(rig.addr).expect("connect to the harness router");
     stream.set_nodelay(true).expect("nodelay");
     stream.set_read_timeout(Some(STUCK)).expect("read timeout");
-    let mut client = Client { stream, buf: Vec::new(), eof: false };
+    let mut client = Client { stream, buf: Vec::new(), eof: false, reset: false };
     let mut next = pieces(seed);
     let mut written = 0;
     while written < stream_bytes.len() {
@@ -241,12 +243,14 @@ pub fn check_connection(data: &[u8]) {
                 .collect();
             eprintln!("router: {counters:#?}");
             panic!(
-                "closed before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
-                 answers before it {seen:?}",
+                "closed ({}) before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
+                 {written} of {} bytes written; answers before it {seen:?}",
+                if client.reset { "reset" } else { "end of stream" },
                 i + 1,
                 requests.len(),
                 String::from_utf8_lossy(&request.method),
-                String::from_utf8_lossy(&request.target)
+                String::from_utf8_lossy(&request.target),
+                stream_bytes.len(),
             );
         }
         let response = client.final_response(request.expect_continue, was_head);

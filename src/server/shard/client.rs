@@ -495,7 +495,9 @@ impl Shard {
         let now = self.clock.now();
         let c = self.client(key);
         let Some(req) = c.req.take() else {
-            return self.close_client(key);
+            // An answer without a request (a malformed head, a 408 before one): it closes, and
+            // the client may still be sending.
+            return self.linger(key);
         };
         if let (Some(admission), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
@@ -570,10 +572,12 @@ impl Shard {
     }
 
     /// Closes a client connection whose last answer is flushed without destroying that answer:
-    /// closing a socket with unread input makes the kernel send a reset, and a reset drops
-    /// what is still queued for the client (the answers to pipelined requests before a
-    /// malformed one, or the 400, 408 or 413 itself). So the shard half-closes it (a FIN after
-    /// the answer) and reads away its input until the client closes or [`LINGER`] passes
+    /// closing a socket with unread input, or receiving input after the close, makes the
+    /// kernel send a reset, and a reset purges what it has not sent yet (the answers to
+    /// pipelined requests before a malformed one, or the 400, 408 or 413 itself, when they
+    /// wait for the client's receive window). So every close after an answer comes here: the
+    /// shard half-closes (a FIN after the answer) and reads away its input until the client
+    /// closes or [`LINGER`] passes
     /// (RFC 9112 9.6, nginx's lingering close). The connection still counts towards
     /// `max_connections` meanwhile. During a drain (S13) it closes at once instead: lingering
     /// must not hold the shutdown up.

@@ -139,26 +139,20 @@ struct Answer {
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
-    eof: bool,
-    reset: bool,
 }
 
 impl Client {
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 8192];
         match self.stream.read(&mut chunk) {
-            Ok(0) => {
-                self.eof = true;
-                false
-            }
+            Ok(0) => false,
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);
                 true
             }
+            // A reset purges answers the router had not sent yet; it closes lingering.
             Err(e) if e.kind() == ErrorKind::ConnectionReset => {
-                self.eof = true;
-                self.reset = true;
-                false
+                panic!("the router reset the connection after {:?}", self.shown())
             }
             Err(e) => panic!("the router is stuck or failed: {e} after {:?}", self.shown()),
         }
@@ -221,13 +215,16 @@ pub fn check_connection(data: &[u8]) {
     let stream = TcpStream::connect(rig.addr).expect("connect to the harness router");
     stream.set_nodelay(true).expect("nodelay");
     stream.set_read_timeout(Some(STUCK)).expect("read timeout");
-    let mut client = Client { stream, buf: Vec::new(), eof: false, reset: false };
+    stream.set_write_timeout(Some(STUCK)).expect("write timeout");
+    let mut client = Client { stream, buf: Vec::new() };
     let mut next = pieces(seed);
     let mut written = 0;
     while written < stream_bytes.len() {
         let n = next().min(stream_bytes.len() - written);
-        if client.stream.write_all(&stream_bytes[written..written + n]).is_err() {
-            break; // the router closed after an error; what it answered is still readable
+        // After an error the router half-closes and reads on (lingering), so every write
+        // succeeds; a failed one means it closed, or reset, while the client was sending.
+        if let Err(e) = client.stream.write_all(&stream_bytes[written..written + n]) {
+            panic!("writing byte {written} of {}: {e}", stream_bytes.len());
         }
         written += n;
     }
@@ -243,14 +240,12 @@ pub fn check_connection(data: &[u8]) {
                 .collect();
             eprintln!("router: {counters:#?}");
             panic!(
-                "closed ({}) before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
-                 {written} of {} bytes written; answers before it {seen:?}",
-                if client.reset { "reset" } else { "end of stream" },
+                "closed before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
+                 answers before it {seen:?}",
                 i + 1,
                 requests.len(),
                 String::from_utf8_lossy(&request.method),
                 String::from_utf8_lossy(&request.target),
-                stream_bytes.len(),
             );
         }
         let response = client.final_response(request.expect_continue, was_head);

@@ -709,7 +709,7 @@ const DISCARD_MAX: usize = 256 << 10;
 /// the client (the answers to pipelined requests before a malformed one, or the 400, 408 or
 /// 413 itself). RFC 9112 9.6 asks for this "lingering close"; input that arrives after the
 /// close can still reset the connection, as with any server that does not keep the socket.
-fn discard_unread(stream: &mut TcpStream, scratch: &mut Vec<u8>) {
+pub(super) fn discard_unread(stream: &mut TcpStream, scratch: &mut Vec<u8>) {
     let _ = stream.shutdown(Shutdown::Write);
     scratch.clear();
     scratch.resize(16 << 10, 0);

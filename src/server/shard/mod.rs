@@ -604,6 +604,9 @@ impl Shard {
                     &[("Connection", b"close")],
                 );
                 let _ = stream.write(&self.scratch);
+                // No slot to linger in: read away what already arrived, so that the close is a
+                // FIN after the 503 rather than a reset (input arriving later still resets).
+                client::discard_unread(&mut stream, &mut self.scratch);
                 continue;
             }
             let _ = stream.set_nodelay(true);

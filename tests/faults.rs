@@ -419,6 +419,9 @@ fn spawn_router(setup: &Setup, name: &str) -> (Child, SocketAddr, SocketAddr) {
     for (variable, _) in warmpath::config::ENV_VARS {
         command.env_remove(variable);
     }
+    // mimalloc returns freed pages to the system only on later allocator activity by default;
+    // without that delay the RSS these tests read is what the router holds.
+    command.env("MIMALLOC_PURGE_DELAY", "0");
     let child = Child(command.spawn().expect("the binary starts"));
     let addr: SocketAddr = listen.parse().unwrap();
     wait_until("the binary to listen", PATIENCE, || TcpStream::connect(addr).ok().map(|_| ()));
@@ -479,6 +482,11 @@ fn ten_thousand_idle_keep_alive_connections() {
     let per_connection = growth / CONNECTIONS as u64;
     eprintln!("{CONNECTIONS} idle connections: RSS +{} KiB, {per_connection} B each", growth >> 10);
     assert!(per_connection < 16 << 10, "{per_connection} bytes per idle connection");
+    // After a second idle a connection gives its buffers back (`IDLE_RELEASE`).
+    std::thread::sleep(Duration::from_millis(2500));
+    let released = rss_bytes(Some(pid)).saturating_sub(rss_before) / CONNECTIONS as u64;
+    eprintln!("{CONNECTIONS} connections idle for 2.5 s: {released} B each");
+    assert!(released < 1 << 10, "{released} bytes per connection idle for 2.5 s");
     for i in [0, CONNECTIONS / 2, CONNECTIONS - 1] {
         ledger.exchange(healthz(&mut conns[i]));
     }

@@ -531,7 +531,13 @@ impl Shard {
         }
         let pending = c.rlen > 0;
         let undrained = c.undrained;
-        let deadline = now + if pending { self.timeouts.header } else { self.timeouts.idle };
+        let wait = match (pending, c.holds_buffers()) {
+            (true, _) => self.timeouts.header,
+            // The first expiry releases the buffers (see `Shard::expired`).
+            (false, true) => self.timeouts.idle.min(self.rate.ticks(IDLE_RELEASE)),
+            (false, false) => self.timeouts.idle,
+        };
+        let deadline = now + wait;
         self.set_timer(key, Some(deadline));
         // A pipelined request may be buffered, or bytes may wait in the socket that no edge
         // will announce (the last read stopped at the limit): the loop reads the connection

@@ -62,8 +62,12 @@ const READ_CHUNK: usize = 64 << 10;
 /// A client buffer larger than this is shrunk back to [`READ_CHUNK`] between requests. Growing
 /// a buffer zero-fills it (no `unsafe` here to read into spare capacity), so a connection that
 /// keeps sending large bodies keeps its buffer rather than paying a memset per request; 256 KiB
-/// bounds what an idle keep-alive connection holds.
+/// bounds what a busy keep-alive connection holds between requests.
 const KEEP_BUFFER_MAX: usize = 256 << 10;
+/// How long a keep-alive connection may sit idle holding its buffers: after this it gives them
+/// back and holds none until its next request (which allocates again), so the memory of idle
+/// connections does not drift up to their number times their largest request.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// Unflushed response bytes above which the shard stops reading the backend.
 const CLIENT_HIGH_WATER: usize = 256 << 10;
 /// How often the loop wakes to run the timer wheel while timers are armed.
@@ -185,6 +189,13 @@ struct Client {
     /// Close once the response is flushed.
     closing: bool,
     req: Option<Box<Request>>,
+}
+
+impl Client {
+    /// Whether the connection holds read or write buffer memory.
+    fn holds_buffers(&self) -> bool {
+        self.rbuf.capacity() > 0 || self.wbuf.capacity() > 0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -720,6 +731,15 @@ impl Shard {
                     Phase::Lingering => {
                         c.gone = true;
                         self.close_client(key);
+                    }
+                    // Idle for IDLE_RELEASE with buffers: give them back, and close when the
+                    // rest of `idle_timeout` has passed too.
+                    Phase::Head if c.rlen == 0 && c.holds_buffers() => {
+                        c.rbuf = Vec::new();
+                        c.wbuf = Vec::new();
+                        c.wpos = 0;
+                        let rest = self.timeouts.idle.saturating_sub(self.rate.ticks(IDLE_RELEASE));
+                        self.set_timer(key, Some(now + rest));
                     }
                     Phase::Head if c.rlen == 0 => self.close_client(key),
                     Phase::Head | Phase::Body => {

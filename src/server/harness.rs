@@ -139,6 +139,10 @@ struct Answer {
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// Final responses read so far.
+    answers: usize,
+    /// What the model expects, for failure messages.
+    expected: String,
 }
 
 impl Client {
@@ -159,7 +163,12 @@ impl Client {
     }
 
     fn shown(&self) -> String {
-        String::from_utf8_lossy(&self.buf).into_owned()
+        format!(
+            "{:?} ({} final answers read before; {})",
+            String::from_utf8_lossy(&self.buf),
+            self.answers,
+            self.expected
+        )
     }
 
     /// The next response (interim ones included), or `None` at end of stream.
@@ -197,11 +206,13 @@ impl Client {
     fn final_response(&mut self, expect_continue: bool, was_head: bool) -> Answer {
         let first = self.response(was_head).expect("a response");
         if first.status != 100 {
+            self.answers += 1;
             return first;
         }
         assert!(expect_continue, "a 100 Continue nobody asked for");
         let last = self.response(was_head).expect("a response after 100 Continue");
         assert_ne!(last.status, 100, "one 100 Continue per request");
+        self.answers += 1;
         last
     }
 }
@@ -216,7 +227,19 @@ pub fn check_connection(data: &[u8]) {
     stream.set_nodelay(true).expect("nodelay");
     stream.set_read_timeout(Some(STUCK)).expect("read timeout");
     stream.set_write_timeout(Some(STUCK)).expect("write timeout");
-    let mut client = Client { stream, buf: Vec::new() };
+    let expected = format!(
+        "expected {} requests: {:?}, then {end:?}",
+        requests.len(),
+        requests
+            .iter()
+            .map(|r| format!(
+                "{} {}",
+                String::from_utf8_lossy(&r.method),
+                String::from_utf8_lossy(&r.target)
+            ))
+            .collect::<Vec<_>>()
+    );
+    let mut client = Client { stream, buf: Vec::new(), answers: 0, expected };
     let mut next = pieces(seed);
     let mut written = 0;
     while written < stream_bytes.len() {

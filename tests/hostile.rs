@@ -589,6 +589,40 @@ fn answers_before_a_malformed_request_survive_the_close() {
     ledger.settle(router.admin);
 }
 
+/// A pipelined request whose body ends past the head-phase read limit: the router reads
+/// `max_header_bytes + 1` bytes, answers the first request, finds the second one's head in
+/// what is left and must read on for the rest of its body, which is already in the socket (so
+/// no new readiness edge will come). The router used to decide whether to read on by
+/// comparing the new limit with the bytes it held before answering, not after, and left the
+/// body in the socket: the connection stalled until the client gave up (found by the
+/// `connection` fuzz target).
+#[test]
+fn a_pipelined_body_past_the_head_read_limit_is_read() {
+    let backend = Backend::start();
+    let router = strict(&backend);
+    let mut ledger = Ledger::new();
+    let padding = "p".repeat(560);
+    let first = client::request("GET", "/healthz", &[("X-Padding", &padding)], b"");
+    let body = format!("{{\"model\":\"{M}\",\"messages\":[],\"x\":\"{}\"}}", "y".repeat(300));
+    let second = client::request("POST", "/v1/chat/completions", &[], body.as_bytes());
+    let head_len = second.len() - body.len();
+    assert!(first.len() + head_len < 1024, "the second head fits the first read");
+    assert!(first.len() + second.len() > 1025, "its body does not");
+    for _ in 0..5 {
+        let mut conn = Conn::open(router.addr);
+        let mut both = first.clone();
+        both.extend_from_slice(&second);
+        conn.send(&both);
+        let response = conn.response();
+        ledger.exchange(response.status);
+        assert_eq!(response.status, 200);
+        let response = conn.read_response().expect("the pipelined request is answered");
+        ledger.exchange(response.status);
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    ledger.settle(router.admin);
+}
+
 /// The same when the answers are still in the router's send queue as more input arrives: a
 /// client with a small receive buffer that writes a long pipeline, a malformed head and then
 /// more bytes before reading. A malformed head leaves the connection without a request, and

@@ -44,11 +44,16 @@ impl Shard {
                 }
             }
             c.undrained = !drained && !c.gone;
-            let (gone, filled) = (c.gone, c.rlen);
+            let gone = c.gone;
             self.advance(key);
-            // Read on only when the read stopped at a limit that the new phase raised (a
-            // parsed head lets its body in; a dispatched request, the next head).
-            if drained || gone || !self.conns.contains(key) || self.read_limit(key) <= filled {
+            if drained || gone || !self.conns.contains(key) {
+                return;
+            }
+            // Read on only when the read stopped at a limit that the new phase raised above
+            // what is buffered now (a parsed head lets its body in; a dispatched request, the
+            // next head). Answering a pipelined request drops its bytes, so this compares
+            // with the buffer after `advance`, not before.
+            if self.read_limit(key) <= self.client(key).rlen {
                 return;
             }
         }

@@ -420,7 +420,8 @@ impl Shard {
                 self.decision(output);
             }
             while let Some(key) = self.again.pop() {
-                if matches!(self.conns.get(key), Some(Conn::Client(c)) if c.phase == Phase::Head) {
+                let reading = |c: &Client| matches!(c.phase, Phase::Head | Phase::Body);
+                if matches!(self.conns.get(key), Some(Conn::Client(c)) if reading(c)) {
                     self.read_client(key);
                 }
             }

@@ -24,7 +24,8 @@
 #
 # Usage: perf/soak.sh [OUT_DIR]        (build first: cargo build --release)
 # Environment (defaults): DURATION=600 (seconds of arriving sessions) LOAD=2 CAPACITY=1.5
-#   SIM_SCALE=0.25 SAMPLE_EVERY=10 WARMUP=60 (seconds; 20 % of DURATION when that is less)
+#   SIM_SCALE=0.25 SAMPLE_EVERY=10 WARMUP=300 (seconds; half of DURATION when that is less:
+#   concurrency, and with it the open connections, keeps growing for about 4.5 minutes)
 #   QUEUE_TIMEOUT=10s MAX_QUEUED=256 WARMPATH=target/release/warmpath BASE_PORT=18500
 #   NICE=19 (every process runs under nice -n NICE: the machine may be shared)
 # Everything listens on 127.0.0.1 and every process started is stopped on exit.
@@ -38,7 +39,7 @@ LOAD=${LOAD:-2}
 CAPACITY=${CAPACITY:-1.5}
 SIM_SCALE=${SIM_SCALE:-0.25}
 SAMPLE_EVERY=${SAMPLE_EVERY:-10}
-WARMUP=${WARMUP:-60}
+WARMUP=${WARMUP:-300}
 QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-10s}
 MAX_QUEUED=${MAX_QUEUED:-256}
 WARMPATH=${WARMPATH:-target/release/warmpath}
@@ -47,7 +48,7 @@ NICE=${NICE:-19}
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 [[ -x $WARMPATH ]] || { log "no $WARMPATH: run cargo build --release"; exit 2; }
-WARMUP=$(python3 -c "print(min($WARMUP, max($SAMPLE_EVERY, int(0.2 * $DURATION))))")
+WARMUP=$(python3 -c "print(min($WARMUP, max($SAMPLE_EVERY, int(0.5 * $DURATION))))")
 RATE=$(python3 -c "print($LOAD * $CAPACITY)")
 SIM1=$((BASE_PORT + 1)) SIM2=$((BASE_PORT + 2)) ROUTER=$((BASE_PORT + 10)) ADMIN=$((BASE_PORT + 11))
 mkdir -p "$OUT"

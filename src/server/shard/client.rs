@@ -588,10 +588,9 @@ impl Shard {
     /// pipelined requests before a malformed one, or the 400, 408 or 413 itself, when they
     /// wait for the client's receive window). So every close after an answer comes here: the
     /// shard half-closes (a FIN after the answer) and reads away its input until the client
-    /// closes or [`LINGER`] passes
-    /// (RFC 9112 9.6, nginx's lingering close). The connection still counts towards
-    /// `max_connections` meanwhile. During a drain (S13) it closes at once instead: lingering
-    /// must not hold the shutdown up.
+    /// closes or [`LINGER`] passes (RFC 9112 9.6, nginx's lingering close). The connection
+    /// still counts towards `max_connections` meanwhile. During a drain (S13) it closes at
+    /// once instead: lingering must not hold the shutdown up.
     pub(super) fn linger(&mut self, key: usize) {
         let shutting = self.shared.shutting_down.load(Ordering::Acquire);
         let c = self.client(key);

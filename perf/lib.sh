@@ -62,6 +62,27 @@ window_for() { # TRACE: trace seconds replayed
   case $1 in mooncake) echo "$MOONCAKE_WINDOW" ;; ragpulse) echo "$RAGPULSE_WINDOW" ;; esac
 }
 
+# One bench replay of TRACE at LOAD against the front on FRONT_PORT, the engines' gauges
+# scraped from SIM1 SIM2; the bench's JSON goes to $OUT under LABEL, its output to
+# $TMP/bench.out and .err (the last lines are printed). Uses WARMPATH, OUT and TMP.
+replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
+  local front=$1 trace=$2 load=$3 label=$4 compress window duration
+  compress=$(compress_for "$trace" "$load")
+  window=$(window_for "$trace")
+  duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
+  log "$label: $trace x$compress for $duration of replay"
+  "$WARMPATH" bench --target "http://127.0.0.1:$front" --model sim-8b --workload "$trace" \
+    --time-scale "$compress" --duration "$duration" --no-progress --label "$label" \
+    --engine-metrics "http://127.0.0.1:$5/metrics" \
+    --engine-metrics "http://127.0.0.1:$6/metrics" \
+    --max-inflight 1024 --out "$OUT" >"$TMP/bench.out" 2>"$TMP/bench.err" || true
+  tail -n 4 "$TMP/bench.out"
+}
+save_sim_metrics() { # LABEL SIM1 SIM2: each engine's /metrics into $OUT/LABEL.simN-metrics.txt
+  curl -fsS "http://127.0.0.1:$2/metrics" >"$OUT/$1.sim1-metrics.txt" 2>/dev/null || true
+  curl -fsS "http://127.0.0.1:$3/metrics" >"$OUT/$1.sim2-metrics.txt" 2>/dev/null || true
+}
+
 start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_compare starts them
   start_bg "$3/sim1.log" "$WARMPATH" sim --listen "127.0.0.1:$1" --time-scale "$SIM_SCALE" --seed 1
   start_bg "$3/sim2.log" "$WARMPATH" sim --listen "127.0.0.1:$2" --time-scale "$SIM_SCALE" --seed 2

@@ -279,26 +279,16 @@ save_target_metrics() { # TARGET LABEL
 }
 
 one_run() { # TRACE TARGET LOAD ROUND
-  local trace=$1 target=$2 load=$3 round=$4 compress window duration
+  local trace=$1 target=$2 load=$3 round=$4
   local label="$trace-$target-L${load//./}-r$round$LABEL_SUFFIX"
-  compress=$(compress_for "$trace" "$load")
-  window=$(window_for "$trace")
-  duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
   require_free_ports "$SIM1" "$SIM2"
   start_sims "$SIM1" "$SIM2" "$TMP"
   start_target "$target"
   sleep 0.3 # a first scrape
-  log "$label: $trace x$compress for $duration of replay"
-  "$WARMPATH" bench --target "http://127.0.0.1:$FRONT" --model sim-8b --workload "$trace" \
-    --time-scale "$compress" --duration "$duration" --no-progress --label "$label" \
-    --engine-metrics "http://127.0.0.1:$SIM1/metrics" \
-    --engine-metrics "http://127.0.0.1:$SIM2/metrics" \
-    --max-inflight 1024 --out "$OUT" >"$TMP/bench.out" 2>"$TMP/bench.err" || true
+  replay_trace "$FRONT" "$trace" "$load" "$label" "$SIM1" "$SIM2"
   [[ $target == sgl-* ]] && check_unsafe
-  tail -n 4 "$TMP/bench.out"
   save_target_metrics "$target" "$label"
-  curl -fsS "http://127.0.0.1:$SIM1/metrics" >"$OUT/$label.sim1-metrics.txt" 2>/dev/null || true
-  curl -fsS "http://127.0.0.1:$SIM2/metrics" >"$OUT/$label.sim2-metrics.txt" 2>/dev/null || true
+  save_sim_metrics "$label" "$SIM1" "$SIM2"
   stop_all
   if [[ $target == sgl-* ]]; then
     cp "$TMP/sglang.out" "$OUT/$label.sglang.log"

@@ -81,11 +81,8 @@ router_config() { # $1 = configuration name (perf/lib.sh has the configurations)
 }
 
 one_run() { # $1 trace, $2 config, $3 load, $4 round
-  local trace=$1 config=$2 load=$3 round=$4 compress window duration
+  local trace=$1 config=$2 load=$3 round=$4
   local label="$trace-$config-L${load//./}-r$round"
-  compress=$(compress_for "$trace" "$load")
-  window=$(window_for "$trace")
-  duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
   start_sims "$SIM1" "$SIM2" "$TMP"
   router_config "$config" >"$TMP/router.toml"
   local sets=()
@@ -93,16 +90,9 @@ one_run() { # $1 trace, $2 config, $3 load, $4 round
   start_bg "$TMP/router.log" "$WARMPATH" serve --config "$TMP/router.toml" "${sets[@]}"
   wait_http "http://127.0.0.1:$ROUTER/healthz"
   sleep 0.3 # a first scrape
-  log "$label: $trace x$compress for $duration of replay"
-  "$WARMPATH" bench --target "http://127.0.0.1:$ROUTER" --model sim-8b --workload "$trace" \
-    --time-scale "$compress" --duration "$duration" --no-progress --label "$label" \
-    --engine-metrics "http://127.0.0.1:$SIM1/metrics" \
-    --engine-metrics "http://127.0.0.1:$SIM2/metrics" \
-    --max-inflight 1024 --out "$OUT" >"$TMP/bench.out" 2>"$TMP/bench.err" || true
-  tail -n 4 "$TMP/bench.out"
+  replay_trace "$ROUTER" "$trace" "$load" "$label" "$SIM1" "$SIM2"
   curl -fsS "http://127.0.0.1:$ADMIN/metrics" >"$OUT/$label.router-metrics.txt" 2>/dev/null || true
-  curl -fsS "http://127.0.0.1:$SIM1/metrics" >"$OUT/$label.sim1-metrics.txt" 2>/dev/null || true
-  curl -fsS "http://127.0.0.1:$SIM2/metrics" >"$OUT/$label.sim2-metrics.txt" 2>/dev/null || true
+  save_sim_metrics "$label" "$SIM1" "$SIM2"
   stop_all
 }
 

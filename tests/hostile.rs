@@ -623,9 +623,9 @@ fn a_pipelined_body_past_the_head_read_limit_is_read() {
     ledger.settle(router.admin);
 }
 
-/// The same when the answers are still in the router's send queue as more input arrives: a
-/// client with a small receive buffer that writes a long pipeline, a malformed head and then
-/// more bytes before reading. A malformed head leaves the connection without a request, and
+/// Answers before a malformed head survive input that arrives after it while they are still
+/// in the router's send queue: a client with a small receive buffer writes a long pipeline, a
+/// malformed head and then more bytes before reading. A malformed head leaves the connection without a request, and
 /// the router used to close such a connection at once (discarding only the input already
 /// there): the bytes that came next met a closed socket, the kernel answered them with a
 /// reset, and the reset purged the answers it had not sent yet. The `connection` fuzz target

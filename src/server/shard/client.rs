@@ -607,26 +607,8 @@ impl Shard {
 
     /// Reads and drops a lingering connection's input; closes it at the client's end.
     fn discard_input(&mut self, key: usize) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        scratch.resize(16 << 10, 0);
-        let c = self.client(key);
-        let mut discarded = 0;
-        let closed = loop {
-            if discarded >= DISCARD_MAX {
-                break false; // a flood: its next bytes bring a new edge
-            }
-            match c.stream.read(&mut scratch) {
-                Ok(0) => break true,
-                Ok(n) => discarded += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break true,
-            }
-        };
-        scratch.clear();
-        self.scratch = scratch;
-        if closed {
+        let Conn::Client(c) = &mut self.conns[key] else { return };
+        if read_away(&mut c.stream, &mut self.scratch) {
             self.client(key).gone = true;
             self.close_client(key);
         }
@@ -721,14 +703,27 @@ const DISCARD_MAX: usize = 256 << 10;
 /// close can still reset the connection, as with any server that does not keep the socket.
 pub(super) fn discard_unread(stream: &mut TcpStream, scratch: &mut Vec<u8>) {
     let _ = stream.shutdown(Shutdown::Write);
+    read_away(stream, scratch);
+}
+
+/// Reads and drops what `stream` holds, at most [`DISCARD_MAX`] bytes (a flood's next bytes
+/// bring a new edge); true when the peer closed or the connection failed.
+fn read_away(stream: &mut TcpStream, scratch: &mut Vec<u8>) -> bool {
     scratch.clear();
     scratch.resize(16 << 10, 0);
     let mut discarded = 0;
-    while discarded < DISCARD_MAX {
-        match stream.read(scratch) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => discarded += n,
+    let closed = loop {
+        if discarded >= DISCARD_MAX {
+            break false;
         }
-    }
+        match stream.read(scratch) {
+            Ok(0) => break true,
+            Ok(n) => discarded += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break true,
+        }
+    };
     scratch.clear();
+    closed
 }

@@ -322,6 +322,15 @@ fn max_clients(gen: &Generation, shard_count: usize) -> usize {
     (gen.config.server.max_connections as usize).div_ceil(shard_count).max(1)
 }
 
+/// Timers a shard may hold at once, one per connection at most: its clients, their upstream
+/// exchanges, and idle upstream connections.
+fn timer_capacity(gen: &Generation, max_clients: usize) -> usize {
+    let idle_per_backend = gen.config.upstream.max_idle_per_backend as usize;
+    let upstream_conns: usize =
+        gen.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum();
+    2 * max_clients + upstream_conns + 16
+}
+
 impl Shard {
     fn new(setup: Setup) -> io::Result<Shard> {
         let shared = setup.shared;
@@ -331,12 +340,8 @@ impl Shard {
         let rate = clock.rate();
         let timeouts = Timeouts::of(&gen, rate);
         let max_clients = max_clients(&gen, setup.shard_count);
-        let idle_per_backend = gen.config.upstream.max_idle_per_backend as usize;
-        let upstream_conns: usize =
-            gen.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum::<usize>();
-        // One timer per connection at most: clients, their upstream exchanges, idle upstreams.
         // A reload that raises the bounds grows the wheel (`refresh`).
-        let timer_capacity = 2 * max_clients + upstream_conns + 16;
+        let timer_capacity = timer_capacity(&gen, max_clients);
         let mut listener = setup.listener;
         setup.poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let pools = gen.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect();
@@ -523,10 +528,7 @@ impl Shard {
         self.metrics = grown;
         self.timeouts = Timeouts::of(&gen, self.rate);
         self.max_clients = max_clients(&gen, self.shard_count);
-        let idle_per_backend = gen.config.upstream.max_idle_per_backend as usize;
-        let upstream_conns: usize =
-            gen.models.iter().map(|m| m.backends.len() * (idle_per_backend + 1)).sum();
-        self.wheel.reserve(2 * self.max_clients + upstream_conns + 16);
+        self.wheel.reserve(timer_capacity(&gen, self.max_clients));
         let slot = &self.shared.new_hosts[usize::from(self.index)];
         let new = std::mem::take(&mut *slot.lock().unwrap_or_else(|e| e.into_inner()));
         let now = self.clock.now();
@@ -738,7 +740,6 @@ impl Shard {
                     Phase::Head if c.rlen == 0 && c.holds_buffers() => {
                         c.rbuf = Vec::new();
                         c.wbuf = Vec::new();
-                        c.wpos = 0;
                         let rest = self.timeouts.idle.saturating_sub(self.rate.ticks(IDLE_RELEASE));
                         self.set_timer(key, Some(now + rest));
                     }

@@ -7,12 +7,12 @@ impl Shard {
     /// Sends the admitted request of client `key` to its backend over a pooled or new
     /// connection.
     pub(super) fn forward(&mut self, key: usize) {
-        let shared = Arc::clone(&self.gen);
+        let gen = Arc::clone(&self.gen);
         let Conn::Client(c) = &mut self.conns[key] else { return };
         let req = c.req.as_mut().expect("an admitted request");
         let model = req.model.expect("an inference request");
         let admission = req.admission.expect("admitted");
-        let m = &shared.models[usize::from(model)];
+        let m = &gen.models[usize::from(model)];
         let backend = &m.backends[usize::from(admission.backend)];
         let body = request_body(req, &c.rbuf);
         let mut out = std::mem::take(&mut self.scratch);
@@ -164,7 +164,7 @@ impl Shard {
     /// straight from the client's buffer (with the model token swapped for `upstream_model`'s),
     /// in vectored writes.
     pub(super) fn flush_upstream(&mut self, up: usize) {
-        let shared = Arc::clone(&self.gen);
+        let gen = Arc::clone(&self.gen);
         let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
             return;
         };
@@ -173,7 +173,7 @@ impl Shard {
         }
         let req = c.req.as_ref().expect("a forwarded request");
         let body = request_body(req, &c.rbuf);
-        let parts: [&[u8]; 4] = match &shared.models[usize::from(u.model)].upstream_model_json {
+        let parts: [&[u8]; 4] = match &gen.models[usize::from(u.model)].upstream_model_json {
             Some(json) => {
                 let token = req.model_token.clone();
                 [&u.wbuf, &body[..token.start], json, &body[token.end..]]

@@ -18,6 +18,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod demo;
+pub mod fleet;
 pub mod protocol;
 pub mod ring;
 pub mod scheduler;

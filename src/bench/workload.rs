@@ -158,6 +158,25 @@ impl Workload {
         self.sessions.iter().flat_map(|s| &s.turns).filter(|t| t.after.is_some()).count()
     }
 
+    /// The words (the simulated engine's tokens) of the prompt text of turn `turn` of session
+    /// `session`, without rendering it (roles and the generation prompt not counted).
+    pub fn prompt_words(&self, session: usize, turn: usize) -> u64 {
+        match &self.sessions[session].turns[turn].prompt {
+            Prompt::Blocks { ids, last_words } => {
+                (ids.len() as u64).saturating_sub(1) * u64::from(BLOCK_WORDS)
+                    + u64::from(*last_words)
+            }
+            Prompt::Chunks { system, user } => {
+                system.iter().chain(user).map(|&(_, n)| u64::from(n)).sum()
+            }
+            Prompt::Synthetic { .. } => self
+                .messages(session, turn)
+                .iter()
+                .map(|m| m.content.split(' ').filter(|w| !w.is_empty()).count() as u64)
+                .sum(),
+        }
+    }
+
     /// The chat messages of turn `turn` of session `session`.
     pub fn messages(&self, session: usize, turn: usize) -> Vec<Message> {
         let s = &self.sessions[session];

@@ -40,13 +40,18 @@ use std::process::ExitCode;
 pub use engine::{Engine, EngineParams};
 pub use server::{start, RunningSim};
 
-/// The profiles `--profile` accepts.
-pub const PROFILES: &[&str] = &["h100-8b"];
+/// The profiles `--profile` accepts, each with a one-line description.
+pub const PROFILES: &[(&str, &str)] = &[
+    ("h100-8b", "Llama-3.1-8B (BF16) on one H100 SXM 80 GB, vLLM V1 defaults"),
+    (
+        "h100x4-70b",
+        "Llama-3.1-70B (BF16) on four H100 SXM 80 GB (tensor parallel), vLLM V1 defaults",
+    ),
+    ("l4-3b", "Llama-3.2-3B (BF16) on one L4 24 GB, vLLM V1 defaults, --max-model-len 65536"),
+];
 
-/// The parameters of profile `name`, if it exists.
-///
-/// `h100-8b`: Llama-3.1-8B (BF16) on one H100 SXM 80 GB under vLLM V1's defaults. The
-/// derivation of every number is in `docs/sim.md`.
+/// The parameters of profile `name`, if it exists. The derivation of every number is in
+/// `docs/sim.md`.
 pub fn profile(name: &str) -> Option<EngineParams> {
     match name {
         "h100-8b" => Some(EngineParams {
@@ -60,8 +65,38 @@ pub fn profile(name: &str) -> Option<EngineParams> {
             prefill_token_cost_ns: 32_000,
             decode_seq_cost_ns: 50_000,
         }),
+        "h100x4-70b" => Some(EngineParams {
+            block_size: 16,
+            // 4 x 35.3 GiB of KV at 320 KiB per token = 462,000 tokens = 28,875 blocks.
+            kv_blocks: 28_875,
+            max_num_seqs: 1024,
+            max_num_batched_tokens: 8192,
+            max_model_len: 131_072,
+            step_base_ns: 16_000_000,
+            prefill_token_cost_ns: 89_000,
+            decode_seq_cost_ns: 35_000,
+        }),
+        "l4-3b" => Some(EngineParams {
+            block_size: 16,
+            // 13.0 GiB of KV at 112 KiB per token = 121,700 tokens = 7,606 blocks.
+            kv_blocks: 7_606,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 65_536,
+            step_base_ns: 27_000_000,
+            prefill_token_cost_ns: 106_000,
+            decode_seq_cost_ns: 600_000,
+        }),
         _ => None,
     }
+}
+
+/// Prompt tokens per second an engine of `params` prefills when every step is a full chunk
+/// with nothing decoding: its prefill capacity.
+pub fn prefill_capacity(params: &EngineParams) -> f64 {
+    let chunk = f64::from(params.max_num_batched_tokens);
+    let step_ns = params.step_base_ns as f64 + params.prefill_token_cost_ns as f64 * chunk;
+    chunk / (step_ns / 1e9)
 }
 
 /// What [`start`] needs.
@@ -146,10 +181,11 @@ impl SimArgs {
     /// The options these arguments describe, or what is wrong with them.
     pub fn options(&self) -> Result<SimOptions, String> {
         let Some(mut p) = profile(&self.profile) else {
+            let known: Vec<&str> = PROFILES.iter().map(|(name, _)| *name).collect();
             return Err(format!(
-                "unknown profile {:?} (known: {})",
+                "unknown profile {:?} (known: {}; --profile list describes them)",
                 self.profile,
-                PROFILES.join(", ")
+                known.join(", ")
             ));
         };
         p.block_size = self.block_size.unwrap_or(p.block_size);

@@ -1,0 +1,187 @@
+//! Experiments on a fleet in virtual time (`warmpath::fleet`): one configuration, one trace,
+//! one engine profile, one load; prints one line of results.
+//!
+//! cargo run --release --example fleet -- TRACE PROFILE[,PROFILE] LOAD ROUTER [KEY=VALUE ...]
+//! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
+
+use std::time::Duration;
+
+use warmpath::bench::trace;
+use warmpath::clock::TickRate;
+use warmpath::config::{Config, Overrides};
+use warmpath::fleet::{self, FleetSpec, Router};
+use warmpath::scheduler::Params;
+
+fn sim_scale() -> f64 {
+    std::env::var("SIM_SCALE").map(|v| v.parse().unwrap()).unwrap_or(8.0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [trace_name, profiles, load, router, sets @ ..] = &args[..] else {
+        eprintln!("usage: fleet TRACE PROFILE[,PROFILE] LOAD ROUTER [KEY=VALUE ...]");
+        std::process::exit(2);
+    };
+    let load: f64 = load.parse().expect("LOAD");
+    let engines: Vec<_> =
+        profiles.split(',').map(|p| warmpath::sim::profile(p).expect("profile")).collect();
+    let engines = if engines.len() == 1 { vec![engines[0]; 2] } else { engines };
+    let dir = trace::data_dir();
+    let mut workload = match trace_name.as_str() {
+        "mooncake" => {
+            trace::mooncake(&trace::read_mooncake(&dir.join(trace::MOONCAKE_FILE)).unwrap(), 1.0)
+        }
+        "ragpulse" => {
+            trace::ragpulse(&trace::read_ragpulse(&dir.join(trace::RAGPULSE_FILE)).unwrap(), 1.0)
+        }
+        other => panic!("unknown trace {other}"),
+    };
+    let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());
+    if let Some(w) = window {
+        workload.truncate(None, Some(Duration::from_secs_f64(w)));
+    }
+    // Offered load at compression 1, summed over the fleet's engines (mean of their costs).
+    let base = fleet::offered_load(&workload, &engines[0], 1) / engines.len() as f64;
+    let mixed: f64 =
+        engines.iter().map(|e| 1.0 / fleet::offered_load(&workload, e, 1)).sum::<f64>();
+    let compress = load * mixed;
+    let _ = base;
+    // JITTER=seed: each turn's offset moves by up to 200 simulated ms (another sample path).
+    let mut jitter: u64 = std::env::var("JITTER").map(|v| v.parse().unwrap()).unwrap_or(0);
+    for session in &mut workload.sessions {
+        for turn in &mut session.turns {
+            let mut at = turn.at.as_secs_f64() / compress;
+            if jitter != 0 {
+                jitter = warmpath::bench::workload::mix(jitter);
+                at += (jitter % 200_000) as f64 / 1e6;
+            }
+            turn.at = Duration::from_secs_f64(at);
+        }
+    }
+    let net_ns: u64 =
+        std::env::var("NET_US").map(|v| v.parse::<u64>().unwrap() * 1000).unwrap_or(4_000_000);
+    let scrape_ns: u64 = std::env::var("SCRAPE_MS")
+        .map(|v| v.parse::<u64>().unwrap() * 1_000_000)
+        .unwrap_or(800_000_000);
+    let router = match router.as_str() {
+        "li" => Router::LeastInflight,
+        "cache_aware" => Router::CacheAware,
+        name => {
+            let (strategy, routing) = match name {
+                "fifo-li" => ("fifo", "least-inflight"),
+                "boost-sa" => ("session-boost", "session-affinity"),
+                "boost-pc" => ("session-boost", "prefix-cost"),
+                "fifo-pc" => ("fifo", "prefix-cost"),
+                "default" => ("", ""),
+                other => panic!("unknown router {other}"),
+            };
+            let mut text = String::from("[queue]\ntimeout = \"300s\"\n");
+            if !strategy.is_empty() {
+                text += &format!("strategy = \"{strategy}\"\n");
+            }
+            text += "[upstream]\nmetrics_interval = \"100ms\"\n[[model]]\nname = \"sim-8b\"\nengine = \"vllm\"\n";
+            if !routing.is_empty() {
+                text += &format!("routing = \"{routing}\"\n");
+            }
+            text += "backends = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n";
+            let path = std::env::temp_dir().join(format!("fleet-{}.toml", std::process::id()));
+            std::fs::write(&path, text).unwrap();
+            let set = sets.iter().map(|s| Overrides::parse_set(s).unwrap()).collect();
+            let overrides = Overrides { set, ..Overrides::default() };
+            let config = Config::load(Some(&path), &|_| None, &overrides).expect("config");
+            let _ = std::fs::remove_file(&path);
+            // Ticks are simulated nanoseconds; the router's durations are real time, and the
+            // engines of the real replays run SIM_SCALE simulated seconds per real second.
+            let rate = TickRate::new(sim_scale());
+            Router::Warmpath(Params::for_model(&config.models[0], &config.upstream, rate))
+        }
+    };
+    let spec = FleetSpec {
+        engines,
+        router,
+        client_ns: 1_000_000,
+        net_ns,
+        scrape_ns,
+        model: "sim-8b".into(),
+        report_waiting: std::env::var("NO_WAITING").is_err(),
+    };
+    let clock = warmpath::clock::Clock::real();
+    let started = clock.now();
+    let report = fleet::run(&workload, &spec);
+    if std::env::var("DETAIL").is_ok() {
+        for follow in [false, true] {
+            let (mut p, mut c, mut n) = (0u64, 0u64, 0u64);
+            for o in report.outcomes.iter().filter(|o| o.follow_up == follow) {
+                p += u64::from(o.prompt_tokens);
+                c += u64::from(o.cached_tokens);
+                n += 1;
+            }
+            eprintln!(
+                "follow={follow}: n {n} prompt {:.1}M cached {:.1}M ({:.3})",
+                p as f64 / 1e6,
+                c as f64 / 1e6,
+                c as f64 / p as f64
+            );
+        }
+    }
+    if std::env::var("DETAIL").is_ok() {
+        let mut i = 0;
+        let (mut home, mut total) = (0, 0);
+        for session in &workload.sessions {
+            for turn in &session.turns {
+                if let Some(a) = turn.after {
+                    let parent = i - (session.turns.len() - session.turns.len());
+                    let _ = parent;
+                    let start =
+                        i - session.turns.iter().position(|t| std::ptr::eq(t, turn)).unwrap();
+                    total += 1;
+                    if report.outcomes[start + a as usize].backend == report.outcomes[i].backend {
+                        home += 1;
+                    }
+                }
+                i += 1;
+            }
+        }
+        eprintln!("follow-ups on their parent's backend: {home} of {total}");
+    }
+    if std::env::var("CSV").is_ok() {
+        println!(
+            "{trace_name},{profiles},{load},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{:.1}",
+            args[3],
+            sets.join(" "),
+            std::env::var("JITTER").unwrap_or_else(|_| "0".into()),
+            report.ttft(Some(true), 50.0),
+            report.ttft(Some(true), 90.0),
+            report.ttft(Some(true), 99.0),
+            report.ttft(Some(false), 50.0),
+            report.ttft(Some(false), 90.0),
+            report.ttft(Some(false), 99.0),
+            report.ttft(None, 99.0),
+            report.hit_rate(),
+            report.errors(),
+            report.engines.iter().map(|e| e.3).sum::<u64>(),
+            report.elapsed,
+        );
+        return;
+    }
+    let ms = |v: f64| format!("{:.0}", v * 1000.0);
+    println!(
+        "{trace_name} {profiles} {load} {} {}: follow {}/{}/{} first {}/{}/{} all-p99 {} hit {:.3} err {} n {} elapsed {:.0}s (wall {:.1}s){}",
+        args[3],
+        sets.join(" "),
+        ms(report.ttft(Some(true), 50.0)),
+        ms(report.ttft(Some(true), 90.0)),
+        ms(report.ttft(Some(true), 99.0)),
+        ms(report.ttft(Some(false), 50.0)),
+        ms(report.ttft(Some(false), 90.0)),
+        ms(report.ttft(Some(false), 99.0)),
+        ms(report.ttft(None, 99.0)),
+        report.hit_rate(),
+        report.errors(),
+        report.outcomes.len(),
+        report.elapsed,
+        clock.rate().duration(clock.now() - started).as_secs_f64(),
+        report.stats.as_ref().map(|s| format!(" waits {} declined {}", s.placement_waits, s.boost_declined)).unwrap_or_default()
+            + &format!(" preempt {} prefill {:.1}M", report.engines.iter().map(|e| e.3).sum::<u64>(), report.engines.iter().map(|e| e.4).sum::<u64>() as f64 / 1e6),
+    );
+}

@@ -1,0 +1,569 @@
+//! A fleet in virtual time: a bench workload replayed through a router's decisions onto
+//! simulated engines, in one thread, with no sockets and no clock.
+//!
+//! The pieces are the real ones: the router is warmpath's sans-IO [`Scheduler`] (fed the same
+//! inputs the shards and the control thread give it), the engines are `warmpath sim`'s
+//! [`Engine`] cores, the workload is `warmpath bench`'s. What the dataplane adds in between is
+//! modelled by two latencies: the client's to the router and the router's to an engine, one
+//! way each, in simulated time (with `warmpath sim --time-scale 8`, a millisecond of real
+//! latency is 8 ms of simulated time). A control round every `scrape_ns` snapshots each
+//! engine's waiting queue. So a run of the Mooncake trace that takes 2.5 minutes through real
+//! processes takes seconds here and gives the same answer every time.
+//!
+//! It is how the admission controller and the placement rules were chosen across traces,
+//! engine profiles and loads (`perf/RESULTS.md`), and how the tests check that the learned
+//! estimates converge. It is a model: the real replays of `perf/` through `warmpath serve`
+//! are what the results stand on.
+//!
+//! Besides warmpath it models two peers, as far as their documented policies go, so that a
+//! design can be compared before the real runs: a router that sends every request at once to
+//! the engine with the fewest requests in flight, and sglang-router's `cache_aware` policy
+//! ([`peer`]).
+
+pub mod peer;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use crate::bench::{Message, Workload};
+use crate::protocol::prompt::PromptHasher;
+use crate::scheduler::prefix::NO_PROMPT;
+use crate::scheduler::{Arrival, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats};
+use crate::sim::engine::{Engine, EngineParams, Event as EngineEvent, SubmitError};
+use crate::sim::tokens;
+
+use peer::{CacheAware, Peer};
+
+/// How requests are routed.
+#[derive(Debug, Clone)]
+pub enum Router {
+    /// warmpath's scheduler with these parameters (`backends` is set from the engines).
+    Warmpath(Params),
+    /// Every request at once to the engine with the fewest requests in flight.
+    LeastInflight,
+    /// sglang-router's `cache_aware` policy with its defaults.
+    CacheAware,
+}
+
+/// A fleet and how it is connected.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    /// One engine per backend.
+    pub engines: Vec<EngineParams>,
+    pub router: Router,
+    /// Client to router (and back), one way, simulated ns.
+    pub client_ns: u64,
+    /// Router to engine (and back), one way, simulated ns.
+    pub net_ns: u64,
+    /// The control thread's interval, simulated ns.
+    pub scrape_ns: u64,
+    /// The model name in request bodies.
+    pub model: String,
+    /// Whether snapshots carry the engines' waiting gauge (as vLLM's metrics do).
+    pub report_waiting: bool,
+}
+
+/// What one request saw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Whether it waited for an earlier turn.
+    pub follow_up: bool,
+    /// Send to first token at the client, seconds; `None` when it failed.
+    pub ttft: Option<f64>,
+    /// Send to last token at the client, seconds.
+    pub e2e: f64,
+    /// Prompt tokens, and of them found cached by the engine.
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    /// The engine that served it.
+    pub backend: u16,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct FleetReport {
+    pub outcomes: Vec<Outcome>,
+    /// Simulated seconds from the first send to the last answer.
+    pub elapsed: f64,
+    /// Per engine: prefix-cache queries and hits (tokens), busy ns, preemptions, prefill tokens
+    /// computed.
+    pub engines: Vec<(u64, u64, u64, u64, u64)>,
+    /// The scheduler's counters (warmpath only).
+    pub stats: Option<Stats>,
+}
+
+impl FleetReport {
+    /// Prompt tokens found cached over prompt tokens looked up, all engines.
+    pub fn hit_rate(&self) -> f64 {
+        let (q, h) = self.engines.iter().fold((0, 0), |(q, h), e| (q + e.0, h + e.1));
+        if q == 0 {
+            0.0
+        } else {
+            h as f64 / q as f64
+        }
+    }
+
+    /// Nearest-rank percentile `p` (0..=100) of TTFT for follow-ups (`Some(true)`), first
+    /// turns (`Some(false)`) or all requests, in seconds.
+    pub fn ttft(&self, follow_up: Option<bool>, p: f64) -> f64 {
+        let mut v: Vec<f64> = self
+            .outcomes
+            .iter()
+            .filter(|o| follow_up.is_none_or(|f| o.follow_up == f))
+            .filter_map(|o| o.ttft)
+            .collect();
+        percentile(&mut v, p)
+    }
+
+    /// Requests that failed.
+    pub fn errors(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.ttft.is_none()).count()
+    }
+}
+
+/// Nearest-rank percentile of `v` (sorted here); 0 when empty.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A turn is due to be sent (its offset passed; its predecessor may still run).
+    Due(u32),
+    /// A request reaches the router.
+    Arrive(u32),
+    /// A request reaches its engine.
+    Submit(u32),
+    /// An engine's step ends.
+    StepEnd(u16),
+    /// The first response byte of a request reaches the router.
+    FirstByte(u32),
+    /// A response ends at the router.
+    Done(u32),
+    /// A control round.
+    Scrape,
+    /// The scheduler's timer.
+    Wake,
+}
+
+#[derive(Debug)]
+struct Req {
+    session: u32,
+    turn: u32,
+    follow_up: bool,
+    sent: u64,
+    first: Option<u64>,
+    backend: u16,
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    failed: bool,
+    /// Bound to a backend (by the scheduler or the peer).
+    admitted: bool,
+    ended: bool,
+}
+
+/// Runs `workload` on the fleet `spec` until every request has ended.
+pub fn run(workload: &Workload, spec: &FleetSpec) -> FleetReport {
+    Fleet::new(workload, spec).run()
+}
+
+struct Fleet<'a> {
+    workload: &'a Workload,
+    spec: &'a FleetSpec,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    engines: Vec<Engine>,
+    stepping: Vec<bool>,
+    reqs: Vec<Req>,
+    /// Request index by (session, turn).
+    by_turn: HashMap<(u32, u32), u32>,
+    /// Per session and turn: when it finished at the client (for the turns waiting on it).
+    finished: Vec<Vec<Option<u64>>>,
+    /// Turns waiting for their predecessor: (session, predecessor) -> turns.
+    waiting_on: HashMap<(u32, u32), Vec<u32>>,
+    scheduler: Option<Scheduler>,
+    wake_at: u64,
+    peer: Option<Box<dyn Peer>>,
+    hasher: PromptHasher,
+    body: Vec<u8>,
+    out: Vec<Output>,
+    step_events: Vec<EngineEvent>,
+    live: usize,
+}
+
+/// The session header's hash, as the shards compute it (SipHash with fixed keys).
+fn hash_session(id: &str) -> u64 {
+    let mut hasher =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .build_hasher();
+    hasher.write(id.as_bytes());
+    hasher.finish()
+}
+
+impl<'a> Fleet<'a> {
+    fn new(workload: &'a Workload, spec: &'a FleetSpec) -> Fleet<'a> {
+        let engines: Vec<Engine> =
+            spec.engines.iter().enumerate().map(|(i, p)| Engine::new(*p, i as u64 + 1)).collect();
+        let backends = engines.len() as u16;
+        let (scheduler, peer): (Option<Scheduler>, Option<Box<dyn Peer>>) = match &spec.router {
+            Router::Warmpath(params) => {
+                let mut params = params.clone();
+                params.backends = backends;
+                (Some(Scheduler::new(params, 0)), None)
+            }
+            Router::LeastInflight => (None, Some(Box::new(peer::LeastInflight::new(backends)))),
+            Router::CacheAware => (None, Some(Box::new(CacheAware::new(backends)))),
+        };
+        let block = match &spec.router {
+            Router::Warmpath(p) => p.prefix.block_bytes as usize,
+            _ => 256,
+        };
+        let mut fleet = Fleet {
+            workload,
+            spec,
+            now: 0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            stepping: vec![false; engines.len()],
+            engines,
+            reqs: Vec::with_capacity(workload.requests()),
+            by_turn: HashMap::new(),
+            finished: workload.sessions.iter().map(|s| vec![None; s.turns.len()]).collect(),
+            waiting_on: HashMap::new(),
+            scheduler,
+            wake_at: u64::MAX,
+            peer,
+            hasher: PromptHasher::new(block),
+            body: Vec::with_capacity(1 << 20),
+            out: Vec::new(),
+            step_events: Vec::new(),
+            live: 0,
+        };
+        for (s, session) in workload.sessions.iter().enumerate() {
+            for (t, turn) in session.turns.iter().enumerate() {
+                let at = turn.at.as_nanos() as u64;
+                let index = fleet.reqs.len() as u32;
+                fleet.reqs.push(Req {
+                    session: s as u32,
+                    turn: t as u32,
+                    follow_up: turn.after.is_some(),
+                    sent: 0,
+                    first: None,
+                    backend: 0,
+                    prompt_tokens: 0,
+                    cached_tokens: 0,
+                    failed: false,
+                    admitted: false,
+                    ended: false,
+                });
+                fleet.by_turn.insert((s as u32, t as u32), index);
+                fleet.push(at, Event::Due(index));
+            }
+        }
+        fleet.live = fleet.reqs.len();
+        fleet.push(0, Event::Scrape);
+        fleet
+    }
+
+    fn push(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, event)));
+    }
+
+    fn run(mut self) -> FleetReport {
+        let mut first_send = None;
+        while let Some(Reverse((at, _, event))) = self.events.pop() {
+            debug_assert!(at >= self.now);
+            self.now = at;
+            match event {
+                Event::Due(r) => {
+                    let (s, t) = (self.reqs[r as usize].session, self.reqs[r as usize].turn);
+                    let turn = &self.workload.sessions[s as usize].turns[t as usize];
+                    match turn.after {
+                        Some(p) => match self.finished[s as usize][p as usize] {
+                            Some(done) => {
+                                let at = (done + turn.think.as_nanos() as u64).max(self.now);
+                                self.send_at(r, at);
+                            }
+                            None => self.waiting_on.entry((s, p)).or_default().push(t),
+                        },
+                        None => self.send_at(r, self.now),
+                    }
+                    first_send.get_or_insert(self.now);
+                }
+                Event::Arrive(r) => self.arrive(r),
+                Event::Submit(r) => self.submit(r),
+                Event::StepEnd(e) => self.step_end(e),
+                Event::FirstByte(r) => {
+                    let id = RequestId(u64::from(r));
+                    self.reqs[r as usize].first.get_or_insert(self.now);
+                    if self.scheduler.is_some() {
+                        self.schedule(Input::FirstByte(id));
+                    }
+                }
+                Event::Done(r) => self.done(r),
+                Event::Scrape => self.scrape(),
+                Event::Wake => {
+                    if self.wake_at == self.now {
+                        self.wake_at = u64::MAX;
+                        self.schedule(Input::Tick);
+                    }
+                }
+            }
+            if self.live == 0 {
+                break;
+            }
+        }
+        let start = first_send.unwrap_or(0);
+        let outcomes = self
+            .reqs
+            .iter()
+            .map(|r| Outcome {
+                follow_up: r.follow_up,
+                ttft: r.first.filter(|_| !r.failed).map(|f| secs(f + self.spec.client_ns - r.sent)),
+                e2e: secs(self.now.saturating_sub(r.sent)),
+                prompt_tokens: r.prompt_tokens,
+                cached_tokens: r.cached_tokens,
+                backend: r.backend,
+            })
+            .collect();
+        FleetReport {
+            outcomes,
+            elapsed: secs(self.now - start),
+            engines: self
+                .engines
+                .iter()
+                .map(|e| {
+                    let s = e.stats();
+                    (s.prefix_queries, s.prefix_hits, s.busy_ns, s.preemptions, s.prefill_tokens)
+                })
+                .collect(),
+            stats: self.scheduler.as_ref().map(|s| s.stats().clone()),
+        }
+    }
+
+    /// The client sends request `r` at `at`.
+    fn send_at(&mut self, r: u32, at: u64) {
+        self.reqs[r as usize].sent = at;
+        self.push(at + self.spec.client_ns, Event::Arrive(r));
+    }
+
+    fn messages(&self, r: u32) -> Vec<Message> {
+        let req = &self.reqs[r as usize];
+        self.workload.messages(req.session as usize, req.turn as usize)
+    }
+
+    fn arrive(&mut self, r: u32) {
+        let req = &self.reqs[r as usize];
+        let (s, t) = (req.session as usize, req.turn as usize);
+        self.body.clear();
+        self.workload.write_body(s, t, &self.spec.model, false, &mut self.body);
+        if self.scheduler.is_none() {
+            let messages = self.messages(r);
+            let backend = self.peer.as_mut().expect("a peer").route(&messages);
+            self.reqs[r as usize].backend = backend;
+            self.reqs[r as usize].admitted = true;
+            self.push(self.now + self.spec.net_ns, Event::Submit(r));
+            return;
+        }
+        let scheduler = self.scheduler.as_mut().expect("warmpath");
+        let prompt = match scheduler.prompt_pool() {
+            Some(pool) => match pool.acquire() {
+                Some(slot) => {
+                    let hasher = &mut self.hasher;
+                    let body = &self.body;
+                    pool.with(slot, |hashes| hasher.hash_body(body, hashes));
+                    slot
+                }
+                None => NO_PROMPT,
+            },
+            None => NO_PROMPT,
+        };
+        let session_id = &self.workload.sessions[s].id;
+        let arrival = Arrival {
+            id: RequestId(u64::from(r)),
+            session: Some(hash_session(session_id)),
+            prompt_tokens: u32::try_from(self.body.len() / 4).unwrap_or(u32::MAX),
+            streaming: true,
+            prompt,
+        };
+        self.schedule(Input::Arrive(arrival));
+    }
+
+    /// Hands `input` to the scheduler at `now` and acts on its decisions.
+    fn schedule(&mut self, input: Input) {
+        let scheduler = self.scheduler.as_mut().expect("warmpath");
+        self.out.clear();
+        scheduler.handle(self.now, input, &mut self.out);
+        let out = std::mem::take(&mut self.out);
+        for decision in &out {
+            match *decision {
+                Output::Admit { id, backend, .. } => {
+                    let r = id.0 as u32;
+                    self.reqs[r as usize].backend = backend;
+                    self.reqs[r as usize].admitted = true;
+                    self.push(self.now + self.spec.net_ns, Event::Submit(r));
+                }
+                Output::Reject { id, .. } => {
+                    let r = id.0 as u32;
+                    self.reqs[r as usize].failed = true;
+                    self.push(self.now + self.spec.client_ns, Event::Done(r));
+                    self.reqs[r as usize].first = Some(self.now);
+                }
+            }
+        }
+        self.out = out;
+        if let Some(at) = self.scheduler.as_ref().and_then(Scheduler::next_wakeup) {
+            if at < self.wake_at {
+                self.wake_at = at.max(self.now);
+                self.push(self.wake_at, Event::Wake);
+            }
+        }
+    }
+
+    fn submit(&mut self, r: u32) {
+        let e = self.reqs[r as usize].backend;
+        let messages = self.messages(r);
+        let mut prompt = Vec::new();
+        for m in &messages {
+            tokens::tokenize_message(m.role, &m.content, &mut prompt);
+        }
+        tokens::generation_prompt(&mut prompt);
+        let req = &mut self.reqs[r as usize];
+        req.prompt_tokens = prompt.len() as u32;
+        let turn = &self.workload.sessions[req.session as usize].turns[req.turn as usize];
+        let engine = &mut self.engines[usize::from(e)];
+        match engine.submit(u64::from(r), prompt, turn.max_tokens, self.now) {
+            Ok(()) => self.kick(e),
+            Err(SubmitError::TooLong { .. } | SubmitError::EmptyPrompt | SubmitError::NoOutput) => {
+                // A 400 from the engine: relayed at once (a first byte, then the end).
+                self.reqs[r as usize].failed = true;
+                self.push(self.now + self.spec.net_ns, Event::FirstByte(r));
+                self.push(self.now + self.spec.net_ns, Event::Done(r));
+            }
+            Err(SubmitError::DuplicateId) => unreachable!("request ids are unique"),
+        }
+    }
+
+    /// Starts a step on engine `e` if it is idle and has work.
+    fn kick(&mut self, e: u16) {
+        if self.stepping[usize::from(e)] {
+            return;
+        }
+        if let Some(plan) = self.engines[usize::from(e)].start_step(self.now) {
+            self.stepping[usize::from(e)] = true;
+            self.push(self.now + plan.duration_ns, Event::StepEnd(e));
+        }
+    }
+
+    fn step_end(&mut self, e: u16) {
+        self.stepping[usize::from(e)] = false;
+        let mut events = std::mem::take(&mut self.step_events);
+        events.clear();
+        self.engines[usize::from(e)].finish_step(self.now, &mut events);
+        for event in &events {
+            match *event {
+                EngineEvent::Token { id, index: 0, .. } => {
+                    self.push(self.now + self.spec.net_ns, Event::FirstByte(id as u32));
+                }
+                EngineEvent::Token { .. } => {}
+                EngineEvent::Finished { id, usage } => {
+                    self.reqs[id as usize].cached_tokens = usage.cached_tokens;
+                    self.push(self.now + self.spec.net_ns, Event::Done(id as u32));
+                }
+            }
+        }
+        self.step_events = events;
+        self.kick(e);
+    }
+
+    /// A response ended at the router: the scheduler learns it, the client a little later.
+    fn done(&mut self, r: u32) {
+        let req = &mut self.reqs[r as usize];
+        if req.ended {
+            return;
+        }
+        req.ended = true;
+        let (failed, backend, admitted) = (req.failed, req.backend, req.admitted);
+        if let Some(peer) = self.peer.as_mut() {
+            peer.finished(backend);
+        } else if admitted && self.scheduler.is_some() {
+            let id = RequestId(u64::from(r));
+            self.schedule(Input::Complete { id, success: !failed });
+        }
+        let (s, t) = (self.reqs[r as usize].session, self.reqs[r as usize].turn);
+        let at = self.now + self.spec.client_ns;
+        self.finished[s as usize][t as usize] = Some(at);
+        if let Some(next) = self.waiting_on.remove(&(s, t)) {
+            for turn in next {
+                let index = self.by_turn[&(s, turn)];
+                let think = self.workload.sessions[s as usize].turns[turn as usize].think;
+                let due = self.workload.sessions[s as usize].turns[turn as usize].at;
+                let send = (at + think.as_nanos() as u64).max(due.as_nanos() as u64);
+                self.send_at(index, send);
+            }
+        }
+        self.live -= 1;
+    }
+
+    fn scrape(&mut self) {
+        if self.scheduler.is_some() {
+            for e in 0..self.engines.len() {
+                let snapshot = Snapshot {
+                    healthy: true,
+                    waiting: self.spec.report_waiting.then(|| self.engines[e].waiting() as u32),
+                    scraped_at: self.now,
+                };
+                self.schedule(Input::Snapshot { backend: e as u16, snapshot });
+            }
+        }
+        if self.live > 0 {
+            self.push(self.now + self.spec.scrape_ns, Event::Scrape);
+        }
+    }
+}
+
+/// The engine time a workload asks of engines of `params`, in simulated seconds, ignoring
+/// cache hits: each prompt token at the cost of a token of a full prefill chunk (the step's
+/// base cost shared by the chunk), each output token at one decoding sequence's cost.
+pub fn work_seconds(workload: &Workload, params: &EngineParams) -> f64 {
+    let per_prompt_token = 1.0 / crate::sim::prefill_capacity(params);
+    let per_output_token = params.decode_seq_cost_ns as f64 / 1e9;
+    let mut seconds = 0.0;
+    for (s, session) in workload.sessions.iter().enumerate() {
+        for (t, turn) in session.turns.iter().enumerate() {
+            seconds += workload.prompt_words(s, t) as f64 * per_prompt_token
+                + f64::from(turn.max_tokens) * per_output_token;
+        }
+    }
+    seconds
+}
+
+/// The offered load of `workload` (its offsets as they are) on `engines` engines of
+/// `params`: the engine time it asks for over the engine time its span gives.
+pub fn offered_load(workload: &Workload, params: &EngineParams, engines: usize) -> f64 {
+    let span = workload
+        .sessions
+        .iter()
+        .flat_map(|s| &s.turns)
+        .map(|t| t.at.as_secs_f64())
+        .fold(0.0, f64::max);
+    work_seconds(workload, params) / (span.max(1e-9) * engines as f64)
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Nanoseconds of a duration, for specs.
+pub fn ns(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}

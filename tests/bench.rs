@@ -298,13 +298,8 @@ struct Cli {
 #[test]
 fn command_line_replays_mooncake_and_writes_the_report() {
     use clap::Parser;
-    let trace = bench::trace::data_dir().join(bench::trace::MOONCAKE_FILE);
-    assert!(
-        trace.is_file(),
-        "{} not found: put the traces in ../shared/data next to the repository or set \
-         WARMPATH_DATA_DIR",
-        trace.display()
-    );
+    let dir = bench::trace::data_dir().unwrap_or_else(|e| panic!("{e}"));
+    bench::trace::trace_file(&dir, bench::trace::MOONCAKE_FILE).unwrap_or_else(|e| panic!("{e}"));
     let fake = Fake::start();
     let dir = std::env::temp_dir().join(format!("warmpath-bench-cli-{}", std::process::id()));
     let metrics = format!("{}/metrics", fake.url);

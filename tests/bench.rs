@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -298,13 +300,8 @@ struct Cli {
 #[test]
 fn command_line_replays_mooncake_and_writes_the_report() {
     use clap::Parser;
-    let trace = bench::trace::data_dir().join(bench::trace::MOONCAKE_FILE);
-    assert!(
-        trace.is_file(),
-        "{} not found: put the traces in ../shared/data next to the repository or set \
-         WARMPATH_DATA_DIR",
-        trace.display()
-    );
+    let dir = bench::trace::data_dir().unwrap_or_else(|e| panic!("{e}"));
+    bench::trace::trace_file(&dir, bench::trace::MOONCAKE_FILE).unwrap_or_else(|e| panic!("{e}"));
     let fake = Fake::start();
     let dir = std::env::temp_dir().join(format!("warmpath-bench-cli-{}", std::process::id()));
     let metrics = format!("{}/metrics", fake.url);
@@ -344,6 +341,67 @@ fn command_line_replays_mooncake_and_writes_the_report() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
     let bad = Cli::try_parse_from(["bench", "--target", "http://x", "--workload", "nope"]);
     assert!(bad.is_err());
+}
+
+/// Runs the built binary's `bench` against `fake` with `args`, the traces found from
+/// `WARMPATH_DATA_DIR` = `data_dir`, or as an installed binary finds them when it is None.
+fn bench_binary(fake: &Fake, data_dir: Option<&Path>, args: &[&str]) -> Output {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-binary");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
+    command.args(["bench", "--target", &fake.url, "--no-progress", "--out"]).arg(&out).args(args);
+    match data_dir {
+        Some(dir) => command.env(bench::trace::DATA_DIR_ENV, dir),
+        None => command.env_remove(bench::trace::DATA_DIR_ENV),
+    };
+    command.output().expect("the binary runs")
+}
+
+/// A clone of the repository replays both traces with nothing beside it and nothing in the
+/// environment: they come from its own `data/`.
+#[test]
+fn binary_replays_the_shipped_traces_with_no_environment() {
+    let fake = Fake::start();
+    for (workload, scale) in [("mooncake", "1000"), ("ragpulse", "1000000")] {
+        let args = ["--workload", workload, "--time-scale", scale, "--max-requests", "3"];
+        let output = bench_binary(&fake, None, &args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{workload}: {stderr}");
+        assert!(stderr.contains(&format!("{workload}: ")), "{stderr}");
+        assert!(stderr.contains(" 3 requests "), "{stderr}");
+    }
+    assert_eq!(fake.seen().len(), 6);
+}
+
+/// `WARMPATH_DATA_DIR` overrides the shipped traces, and may hold a plain `.jsonl`; one that
+/// does not exist is an error naming it.
+#[test]
+fn binary_reads_a_plain_trace_from_the_override_directory() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-override");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let row = |t: &str, session: &str| {
+        format!(
+            "{{\"timestamp\": \"{t}\", \"input_length\": 20, \"output_length\": 4, \
+             \"session_id\": \"{session}\", \"hash_ids\": {{\"sys_prompt\": [1], \
+             \"user_input\": [2]}}}}\n"
+        )
+    };
+    let trace = row("0", "s1") + &row("1", "s2") + &row("2", "s1");
+    std::fs::write(dir.join(bench::trace::RAGPULSE_FILE), trace).expect("write");
+    let fake = Fake::start();
+    let output = bench_binary(&fake, Some(&dir), &["--workload", "ragpulse"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("ragpulse: 2 sessions, 3 requests (1 follow-ups)"), "{stderr}");
+    let mut sessions: Vec<String> = fake.seen().into_iter().map(|s| s.session).collect();
+    sessions.sort();
+    assert_eq!(sessions, ["s1", "s1", "s2"]);
+
+    let missing = dir.join("missing");
+    let output = bench_binary(&fake, Some(&missing), &["--workload", "ragpulse"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
 /// Against the simulated engine: follow-ups hit the prefix cache their first turn filled (the

@@ -7,8 +7,9 @@
 //!   prompt textually extends its predecessor's, so prefix caches hit as in the trace).
 //! - [`synthetic`]: the `multiturn` workload (Poisson arrivals, fixed turns, a shared system
 //!   prompt, exponential think times), deterministic for a seed.
-//! - [`trace`]: replays of `../shared/data/`: Mooncake with sessions derived from prefix-block
-//!   links as its README says, RAGPulse with its own sessions, both time-compressed.
+//! - [`trace`]: replays of the traces in `data/`: Mooncake with sessions derived from
+//!   prefix-block links as its README says, RAGPulse with its own sessions, both
+//!   time-compressed.
 //! - [`client`]: the load generator: one thread, one mio loop, keep-alive connections,
 //!   streaming chat completions; follow-ups wait for their predecessor and their think time.
 //! - [`engines`]: the engines' prefix-cache counters from their `/metrics`.
@@ -76,8 +77,9 @@ pub struct BenchArgs {
     /// The workload.
     #[arg(long, value_enum, default_value = "multiturn")]
     pub workload: WorkloadKind,
-    /// Directory holding the traces [default: $WARMPATH_DATA_DIR, else ../shared/data next to
-    /// the source tree].
+    /// Directory holding the traces, each as NAME.jsonl or NAME.jsonl.gz [default:
+    /// $WARMPATH_DATA_DIR, else data/ in the source tree this binary was built from, else
+    /// data/ beside the binary].
     #[arg(long, value_name = "DIR")]
     pub trace_dir: Option<PathBuf>,
     /// Trace time compression: trace seconds per second of replay [default: 1 for mooncake,
@@ -238,7 +240,6 @@ fn scrape(urls: &[String], clock: &Clock, notes: &mut Vec<String>) -> Option<eng
 
 /// The workload `args` describe.
 pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
-    let dir = args.trace_dir.clone().unwrap_or_else(trace::data_dir);
     let mut workload = match args.workload {
         WorkloadKind::Multiturn => MultiTurn {
             rate: args.rate,
@@ -253,16 +254,25 @@ pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
         }
         .workload(),
         WorkloadKind::Mooncake => {
-            let rows = trace::read_mooncake(&dir.join(trace::MOONCAKE_FILE))?;
+            let rows = trace::read_mooncake(&trace_path(args, trace::MOONCAKE_FILE)?)?;
             trace::mooncake(&rows, args.time_scale.unwrap_or(1.0))
         }
         WorkloadKind::Ragpulse => {
-            let rows = trace::read_ragpulse(&dir.join(trace::RAGPULSE_FILE))?;
+            let rows = trace::read_ragpulse(&trace_path(args, trace::RAGPULSE_FILE)?)?;
             trace::ragpulse(&rows, args.time_scale.unwrap_or(1000.0))
         }
     };
     workload.truncate(args.max_requests, args.duration);
     Ok(workload)
+}
+
+/// The trace `name` in `--trace-dir`, else in [`trace::data_dir`].
+fn trace_path(args: &BenchArgs, name: &str) -> std::io::Result<PathBuf> {
+    let dir = match &args.trace_dir {
+        Some(dir) => dir.clone(),
+        None => trace::data_dir()?,
+    };
+    trace::trace_file(&dir, name)
 }
 
 fn check(args: &BenchArgs) -> Result<(), String> {

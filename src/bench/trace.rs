@@ -1,4 +1,11 @@
-//! Replays of the two real traces in `../shared/data/` (see its README).
+//! Replays of the two real traces shipped in `data/` (see its README).
+//!
+//! **Finding them.** `--trace-dir`, else `$WARMPATH_DATA_DIR` ([`data_dir`]), else `data/` in
+//! the source tree this binary was built from, else `data/` beside the running binary; a
+//! directory may hold a trace as `NAME.jsonl` or gzip-compressed as `NAME.jsonl.gz`
+//! ([`trace_file`]). The repository ships the compressed files; [`read_mooncake`] and
+//! [`read_ragpulse`] decompress them (flate2, pure Rust) when a replay is built, never while it
+//! runs.
 //!
 //! **Mooncake** (`mooncake_synthetic_trace.jsonl`) has no session ids; [`mooncake_parents`]
 //! derives them exactly as the data README says: row B follows an earlier row A when all of A's
@@ -24,27 +31,75 @@
 //! after the start of the run.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
 
 use super::workload::{Prompt, Session, Turn, Workload, BLOCK_WORDS};
 
-/// The Mooncake trace's file name.
+/// The Mooncake trace's file name (uncompressed).
 pub const MOONCAKE_FILE: &str = "mooncake_synthetic_trace.jsonl";
-/// The RAGPulse trace's file name.
+/// The RAGPulse trace's file name (uncompressed).
 pub const RAGPULSE_FILE: &str = "ragpulse_0_trace.jsonl";
+/// The environment variable naming a directory of traces that overrides the default places.
+pub const DATA_DIR_ENV: &str = "WARMPATH_DATA_DIR";
+/// The extension a gzip-compressed trace adds to the trace's name.
+const GZIP_EXTENSION: &str = "gz";
 
-/// Where the traces are: `$WARMPATH_DATA_DIR` if set, else `../shared/data` next to the source
-/// tree this binary was built from.
-pub fn data_dir() -> PathBuf {
-    match std::env::var_os("WARMPATH_DATA_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"),
+/// The directory holding the traces: `$WARMPATH_DATA_DIR` when set and not empty, else the
+/// first that exists of `data/` in the source tree this binary was built from and `data/`
+/// beside the running binary. The error names every place looked at.
+pub fn data_dir() -> io::Result<PathBuf> {
+    find_data_dir(std::env::var_os(DATA_DIR_ENV))
+}
+
+/// [`data_dir`] with the override given rather than read from the environment.
+pub fn find_data_dir(override_dir: Option<OsString>) -> io::Result<PathBuf> {
+    if let Some(dir) = override_dir.filter(|d| !d.is_empty()) {
+        return first_dir(&[PathBuf::from(dir)], &format!("from {DATA_DIR_ENV}"));
     }
+    let mut places = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("data")];
+    // For an installed binary, whose source tree may be gone.
+    places.extend(std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.join("data"))));
+    first_dir(&places, &format!("{DATA_DIR_ENV} not set: the source tree, then beside the binary"))
+}
+
+/// The first of `places` that is a directory, or an error naming them all and `why` those.
+fn first_dir(places: &[PathBuf], why: &str) -> io::Result<PathBuf> {
+    if let Some(dir) = places.iter().find(|p| p.is_dir()) {
+        return Ok(dir.clone());
+    }
+    let looked: Vec<String> = places.iter().map(|p| p.display().to_string()).collect();
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "no trace directory: looked at {} ({why}); set {DATA_DIR_ENV} or --trace-dir to a \
+             directory holding {MOONCAKE_FILE} and {RAGPULSE_FILE}, each possibly gzipped",
+            looked.join(", ")
+        ),
+    ))
+}
+
+/// The trace `name` (e.g. [`MOONCAKE_FILE`]) in `dir`: `name` itself if it is there, else
+/// `name.gz`; the error names both.
+pub fn trace_file(dir: &Path, name: &str) -> io::Result<PathBuf> {
+    let plain = dir.join(name);
+    let gzipped = dir.join(format!("{name}.{GZIP_EXTENSION}"));
+    [plain, gzipped].into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "trace {name} not found: neither {name} nor {name}.{GZIP_EXTENSION} in {} \
+                 (set {DATA_DIR_ENV} or --trace-dir to the directory holding the traces)",
+                dir.display()
+            ),
+        )
+    })
 }
 
 /// One Mooncake row.
@@ -104,20 +159,23 @@ fn bad(path: &Path, line: usize, what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("{}:{line}: {what}", path.display()))
 }
 
+/// The text of the trace at `path`, decompressed when its extension is `gz` (one or more gzip
+/// members; flate2 checks each member's CRC and length).
 fn read(path: &Path) -> io::Result<String> {
-    fs::read_to_string(path).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "cannot read trace {}: {e} (set WARMPATH_DATA_DIR or --trace-dir to the \
-                 directory holding the traces)",
-                path.display()
-            ),
-        )
-    })
+    let gzipped = path.extension().is_some_and(|e| e == GZIP_EXTENSION);
+    let mut text = String::new();
+    let read = fs::File::open(path).and_then(|mut file| {
+        if gzipped {
+            MultiGzDecoder::new(file).read_to_string(&mut text)
+        } else {
+            file.read_to_string(&mut text)
+        }
+    });
+    read.map(|_| text)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot read trace {}: {e}", path.display())))
 }
 
-/// Reads the Mooncake trace; blank lines are skipped.
+/// Reads the Mooncake trace at `path` (plain or `.gz`); blank lines are skipped.
 pub fn read_mooncake(path: &Path) -> io::Result<Vec<MooncakeRow>> {
     let text = read(path)?;
     let mut rows = Vec::new();
@@ -131,8 +189,8 @@ pub fn read_mooncake(path: &Path) -> io::Result<Vec<MooncakeRow>> {
     Ok(rows)
 }
 
-/// Reads the RAGPulse trace: string (or numeric) timestamps, blank lines skipped, rows sorted
-/// stably by timestamp.
+/// Reads the RAGPulse trace at `path` (plain or `.gz`): string (or numeric) timestamps, blank
+/// lines skipped, rows sorted stably by timestamp.
 pub fn read_ragpulse(path: &Path) -> io::Result<Vec<RagRow>> {
     let text = read(path)?;
     let mut rows = Vec::new();
@@ -271,16 +329,94 @@ pub fn ragpulse(rows: &[RagRow], time_scale: f64) -> Workload {
 mod tests {
     use super::*;
 
-    /// The traces, or a failure saying where they were looked for.
+    /// A trace found as `bench` finds it, or a failure saying where it was looked for.
     fn trace(file: &str) -> PathBuf {
-        let path = data_dir().join(file);
-        assert!(
-            path.is_file(),
-            "trace {} not found: the bench tests need ../shared/data next to the repository, or \
-             WARMPATH_DATA_DIR set to a directory holding {MOONCAKE_FILE} and {RAGPULSE_FILE}",
-            path.display()
-        );
-        path
+        data_dir().and_then(|dir| trace_file(&dir, file)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The sha256 sums `data/README.md` gives for the uncompressed source files.
+    const SOURCE_SHA256: [(&str, &str); 2] = [
+        (MOONCAKE_FILE, "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"),
+        (RAGPULSE_FILE, "cd371571bef3320907147f8901729e37f412aafb067ec8eb153e2828e1801e65"),
+    ];
+
+    /// With `WARMPATH_DATA_DIR` ignored the traces come from the repository's `data/`,
+    /// compressed, and decompress to the source files byte for byte, with their row counts.
+    #[test]
+    fn shipped_traces_are_the_source_files() {
+        use sha2::{Digest, Sha256};
+        let dir = find_data_dir(None).expect("a data directory");
+        assert_eq!(dir, Path::new(env!("CARGO_MANIFEST_DIR")).join("data"));
+        assert_eq!(find_data_dir(Some(OsString::new())).expect("empty is unset"), dir);
+        let readme = fs::read_to_string(dir.join("README.md")).expect("data/README.md");
+        for (file, sha256) in SOURCE_SHA256 {
+            let path = trace_file(&dir, file).expect("shipped");
+            assert_eq!(path, dir.join(format!("{file}.gz")), "{file} is shipped compressed");
+            let text = read(&path).expect("decompresses");
+            assert_eq!(format!("{:x}", Sha256::digest(text.as_bytes())), sha256, "{file}");
+            assert!(readme.contains(&format!("{sha256}  {file}")), "data/README.md on {file}");
+        }
+        let mooncake = read_mooncake(&trace_file(&dir, MOONCAKE_FILE).expect("found"));
+        assert_eq!(mooncake.expect("reads").len(), 3993);
+        let ragpulse = read_ragpulse(&trace_file(&dir, RAGPULSE_FILE).expect("found"));
+        assert_eq!(ragpulse.expect("reads").len(), 7106);
+    }
+
+    /// An override directory may hold a trace plain or gzipped (the plain file wins when both
+    /// are there); what is missing or corrupt is an error that names it.
+    #[test]
+    fn override_dir_holds_plain_or_gzipped_traces() {
+        use flate2::{write::GzEncoder, Compression};
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("warmpath-trace-dir-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let row = |t: u32, ids: &str| {
+            format!("{{\"timestamp\": {t}, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [{ids}]}}\n")
+        };
+        let gzip = |text: &str| {
+            let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+            encoder.write_all(text.as_bytes()).expect("compresses");
+            encoder.finish().expect("compresses")
+        };
+        assert_eq!(find_data_dir(Some(dir.clone().into())).expect("the override"), dir);
+
+        // Plain only, then both: the plain file is read.
+        fs::write(dir.join(MOONCAKE_FILE), row(0, "1, 2") + &row(5, "1, 2, 3")).expect("write");
+        let plain = trace_file(&dir, MOONCAKE_FILE).expect("found");
+        assert_eq!(plain, dir.join(MOONCAKE_FILE));
+        assert_eq!(read_mooncake(&plain).expect("reads").len(), 2);
+        let gz = dir.join(format!("{MOONCAKE_FILE}.gz"));
+        fs::write(&gz, gzip(&row(0, "7"))).expect("write");
+        assert_eq!(trace_file(&dir, MOONCAKE_FILE).expect("found"), plain);
+
+        // Gzipped only: decompressed; two gzip members in a row are one text.
+        fs::remove_file(&plain).expect("remove");
+        assert_eq!(trace_file(&dir, MOONCAKE_FILE).expect("found"), gz);
+        let rows = read_mooncake(&gz).expect("decompresses");
+        assert_eq!(rows.iter().map(|r| r.hash_ids.clone()).collect::<Vec<_>>(), [vec![7]]);
+        let members = [gzip(&row(0, "7")), gzip(&row(1, "8, 9"))].concat();
+        fs::write(&gz, members).expect("write");
+        assert_eq!(read_mooncake(&gz).expect("decompresses").len(), 2);
+
+        // A truncated gzip file is an error, not a shorter trace.
+        let whole = gzip(&(row(0, "7") + &row(1, "8")));
+        fs::write(&gz, &whole[..whole.len() - 4]).expect("write");
+        let e = read_mooncake(&gz).expect_err("truncated");
+        assert!(e.to_string().contains(&gz.display().to_string()), "{e}");
+
+        // Missing: the trace's two names, the directories looked at.
+        let e = trace_file(&dir, RAGPULSE_FILE).expect_err("no RAGPulse here");
+        let both = format!("neither {RAGPULSE_FILE} nor {RAGPULSE_FILE}.gz in {}", dir.display());
+        assert!(e.to_string().contains(&both), "{e}");
+        let missing = dir.join("missing");
+        let e = find_data_dir(Some(missing.clone().into())).expect_err("no such directory");
+        assert!(e.to_string().contains(&missing.display().to_string()), "{e}");
+        let places = [dir.join("a"), dir.join("b")];
+        let e = first_dir(&places, "test").expect_err("neither exists");
+        for place in &places {
+            assert!(e.to_string().contains(&place.display().to_string()), "{e}");
+        }
+        fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     fn close(actual: f64, expected: f64, what: &str) {
@@ -357,7 +493,7 @@ mod tests {
     #[test]
     fn ragpulse_quirks() {
         let path = trace(RAGPULSE_FILE);
-        let text = fs::read_to_string(&path).expect("reads");
+        let text = read(&path).expect("reads");
         assert!(text.ends_with("\n\n"), "the file ends with a blank line");
         let rows = read_ragpulse(&path).expect("reads despite the blank line");
         assert_eq!(rows.len(), 7106);

@@ -3,6 +3,7 @@
 //!
 //! The crate is laid out along the request path (see `ARCHITECTURE.md`):
 //! - [`bench`]: `warmpath bench`, the workload driver: synthetic sessions and trace replays.
+//! - [`cli`]: the command line: clap's definitions and the dispatch to the subcommands.
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
 //! - [`control`]: the control thread's sans-IO parts: parsing backends' Prometheus metrics.
@@ -11,9 +12,11 @@
 //! - [`ring`]: bounded MPSC rings between threads, with their wake-up protocol.
 //! - [`scheduler`]: the per-model sans-IO scheduling state machine (SPEC section 3).
 //! - [`server`]: `warmpath serve`, the dataplane: shards, rings, upstream pools, admin.
+//! - [`signals`]: SIGTERM, SIGINT and SIGHUP for the subcommands that run until stopped.
 //! - [`sim`]: `warmpath sim`, a simulated vLLM engine (SPEC section 7).
 
 pub mod bench;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
@@ -22,4 +25,5 @@ pub mod protocol;
 pub mod ring;
 pub mod scheduler;
 pub mod server;
+pub mod signals;
 pub mod sim;

@@ -14,11 +14,13 @@
 //! - [`server`]: `warmpath serve`, the dataplane: shards, rings, upstream pools, admin.
 //! - [`signals`]: SIGTERM, SIGINT and SIGHUP for the subcommands that run until stopped.
 //! - [`sim`]: `warmpath sim`, a simulated vLLM engine (SPEC section 7).
+//! - [`splitmix`]: SplitMix64, the seeded sequence and 64-bit mix behind the sim's hashes and
+//!   the synthetic workloads.
 //!
 //! Layers point one way (ARCHITECTURE.md, "Layers"): [`cli`] on top; the tools ([`demo`] over
 //! [`bench`] and [`sim`]) below it; the dataplane ([`server`] over [`control`]); the
-//! [`scheduler`]; and at the bottom [`config`], [`protocol`], [`ring`], [`clock`] and
-//! [`signals`], which use nothing of the crate. `tests/layers.rs` fails on a cycle.
+//! [`scheduler`]; and at the bottom [`config`], [`protocol`], [`ring`], [`clock`], [`signals`]
+//! and [`splitmix`], which use nothing of the crate. `tests/layers.rs` fails on a cycle.
 
 pub mod bench;
 pub mod cli;
@@ -32,3 +34,4 @@ pub mod scheduler;
 pub mod server;
 pub mod signals;
 pub mod sim;
+pub mod splitmix;

@@ -2,7 +2,8 @@
 //! that still holds their prefix (KV) cache.
 //!
 //! The crate is laid out along the request path (see `ARCHITECTURE.md`):
-//! - [`bench`]: `warmpath bench`, the workload driver: synthetic sessions and trace replays.
+//! - [`bench`](mod@bench): `warmpath bench`, the workload driver: synthetic sessions and trace
+//!   replays.
 //! - [`cli`]: the command line: clap's definitions and the dispatch to the subcommands.
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation.
@@ -18,7 +19,7 @@
 //!   the synthetic workloads.
 //!
 //! Layers point one way (ARCHITECTURE.md, "Layers"): [`cli`] on top; the tools ([`demo`] over
-//! [`bench`] and [`sim`]) below it; the dataplane ([`server`] over [`control`]); the
+//! [`bench`](mod@bench) and [`sim`]) below it; the dataplane ([`server`] over [`control`]); the
 //! [`scheduler`]; and at the bottom [`config`], [`protocol`], [`ring`], [`clock`], [`signals`]
 //! and [`splitmix`], which use nothing of the crate. `tests/layers.rs` fails on a cycle.
 

@@ -22,6 +22,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use hashbrown::HashSet;
 use warmpath::scheduler::tracker::SessionTracker;
 use warmpath::scheduler::{Arrival, Input, Output, Params, RequestId, Routing, Scheduler};
+use warmpath::splitmix::SplitMix64;
 
 const SESSIONS: u64 = 4096;
 const BACKENDS: u16 = 4;
@@ -49,19 +50,6 @@ fn params(max_queued: u32) -> Params {
     }
 }
 
-/// splitmix64: a seeded, dependency-free sequence.
-struct Mix(u64);
-
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// The scheduler held at a steady queue depth.
 struct Steady {
     s: Scheduler,
@@ -70,7 +58,7 @@ struct Steady {
     running: VecDeque<u64>,
     queued: Vec<u64>,
     out: Vec<Output>,
-    mix: Mix,
+    rng: SplitMix64,
 }
 
 impl Steady {
@@ -83,7 +71,7 @@ impl Steady {
             running: VecDeque::with_capacity(total as usize + 8),
             queued: Vec::with_capacity(depth as usize + 8),
             out: Vec::with_capacity(64),
-            mix: Mix(7),
+            rng: SplitMix64::new(7),
         };
         for session in 0..SESSIONS {
             steady.arrive(Some(session));
@@ -131,7 +119,7 @@ impl Steady {
     }
 
     fn cycle(&mut self) {
-        let session = (self.next_id % 2 == 0).then(|| self.mix.next() % SESSIONS);
+        let session = (self.next_id % 2 == 0).then(|| self.rng.next_u64() % SESSIONS);
         self.arrive(session);
         self.complete_oldest();
     }
@@ -145,7 +133,7 @@ struct Lazy {
     tracker: SessionTracker,
     seq: u64,
     now: u64,
-    mix: Mix,
+    rng: SplitMix64,
 }
 
 impl Lazy {
@@ -157,13 +145,13 @@ impl Lazy {
             tracker: SessionTracker::with_capacity(SESSIONS as usize),
             seq: 0,
             now: 0,
-            mix: Mix(7),
+            rng: SplitMix64::new(7),
         };
         for session in 0..SESSIONS {
             lazy.tracker.complete(session, session, (session % 4) as u16);
         }
         for _ in 0..depth {
-            let session = (lazy.seq % 2 == 0).then(|| lazy.mix.next() % SESSIONS);
+            let session = (lazy.seq % 2 == 0).then(|| lazy.rng.next_u64() % SESSIONS);
             lazy.arrive(session);
         }
         lazy
@@ -194,7 +182,7 @@ impl Lazy {
     }
 
     fn cycle(&mut self) {
-        let session = (self.seq % 2 == 0).then(|| self.mix.next() % SESSIONS);
+        let session = (self.seq % 2 == 0).then(|| self.rng.next_u64() % SESSIONS);
         self.arrive(session);
         let id = self.admit().expect("queued");
         self.tracker.complete(id % SESSIONS, self.now, (id % 4) as u16);
@@ -221,10 +209,10 @@ fn cancel(c: &mut Criterion) {
     steady.queued = (steady.next_id - u64::from(depth) + 1..=steady.next_id).collect();
     group.bench_function(BenchmarkId::new("warmpath", depth), |b| {
         b.iter(|| {
-            let session = (steady.next_id % 2 == 0).then(|| steady.mix.next() % SESSIONS);
+            let session = (steady.next_id % 2 == 0).then(|| steady.rng.next_u64() % SESSIONS);
             let id = steady.arrive(session);
             steady.queued.push(id);
-            let victim = steady.mix.next() as usize % steady.queued.len();
+            let victim = steady.rng.next_u64() as usize % steady.queued.len();
             let victim = steady.queued.swap_remove(victim);
             steady.out.clear();
             steady.s.handle(steady.now, Input::Cancel(RequestId(victim)), &mut steady.out);
@@ -234,9 +222,9 @@ fn cancel(c: &mut Criterion) {
     let mut queued: Vec<u64> = (1..=u64::from(depth)).collect();
     group.bench_function(BenchmarkId::new("binaryheap", depth), |b| {
         b.iter(|| {
-            let session = (lazy.seq % 2 == 0).then(|| lazy.mix.next() % SESSIONS);
+            let session = (lazy.seq % 2 == 0).then(|| lazy.rng.next_u64() % SESSIONS);
             queued.push(lazy.arrive(session));
-            let victim = queued.swap_remove(lazy.mix.next() as usize % queued.len());
+            let victim = queued.swap_remove(lazy.rng.next_u64() as usize % queued.len());
             lazy.cancelled.insert(victim);
         });
     });

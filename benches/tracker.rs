@@ -15,26 +15,14 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::hint::black_box;
 use warmpath::scheduler::tracker::{Completion, SessionTracker};
+use warmpath::splitmix::{mix, SplitMix64};
 
 const CAPACITIES: [usize; 2] = [4_096, 1_000_000];
 const IDS: usize = 1 << 16;
 
-/// splitmix64 (Steele, Lea, Flood 2014): a tiny seeded generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// The session id of the `n`th member of the universe: a hash, like a real session id.
 fn session(n: u64) -> u64 {
-    SplitMix64(n).next()
+    mix(n)
 }
 
 /// A full tracker holding sessions `0..capacity` of the universe.
@@ -47,8 +35,8 @@ fn full(capacity: usize) -> SessionTracker {
 }
 
 fn ids(seed: u64, universe: u64) -> Vec<u64> {
-    let mut rng = SplitMix64(seed);
-    (0..IDS).map(|_| session(rng.next() % universe)).collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..IDS).map(|_| session(rng.next_u64() % universe)).collect()
 }
 
 fn complete(c: &mut Criterion) {

@@ -21,6 +21,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use warmpath::scheduler::wheel::{TimerKey, TimerWheel};
+use warmpath::splitmix::SplitMix64;
 
 const RESOLUTION: u64 = 1 << 20;
 const LIVE: usize = 10_000;
@@ -29,23 +30,10 @@ const SPREAD: u64 = 30 * SECOND;
 const STEP: u64 = SPREAD / 2 / LIVE as u64;
 const DRAWS: usize = 1 << 16;
 
-/// splitmix64 (Steele, Lea, Flood 2014): a tiny seeded generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// Offsets uniform in `0..spread`.
 fn offsets(seed: u64, spread: u64) -> Vec<u64> {
-    let mut rng = SplitMix64(seed);
-    (0..DRAWS).map(|_| rng.next() % spread).collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..DRAWS).map(|_| rng.next_u64() % spread).collect()
 }
 
 /// A wheel at time 0 holding `LIVE` timers spread over `SPREAD`, room for twice as many.
@@ -161,9 +149,9 @@ fn idle(c: &mut Criterion) {
     let far: Vec<u64> =
         (0..LIVE as u64).map(|n| 29 * SECOND + n * (SECOND / LIVE as u64)).collect();
     let mut shuffled = far.clone();
-    let mut rng = SplitMix64(4);
+    let mut rng = SplitMix64::new(4);
     for n in (1..shuffled.len()).rev() {
-        shuffled.swap(n, rng.next() as usize % (n + 1));
+        shuffled.swap(n, rng.next_u64() as usize % (n + 1));
     }
     for (name, deadlines) in [("in_order_far", &far), ("shuffled_far", &shuffled)] {
         let mut wheel = TimerWheel::new(LIVE, RESOLUTION, 0);

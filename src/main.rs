@@ -6,5 +6,5 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    warmpath::config::cli::main()
+    warmpath::cli::main()
 }

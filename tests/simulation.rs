@@ -12,22 +12,16 @@ use std::collections::{BTreeMap, BinaryHeap};
 use warmpath::scheduler::{
     Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Scheduler, Snapshot,
 };
+use warmpath::splitmix::SplitMix64;
 
 const MS: u64 = 1_000_000;
 
-/// splitmix64.
-struct Rng(u64);
+/// The seeded choices of a run.
+struct Rng(SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
+        self.0.next_u64() % bound
     }
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
@@ -104,7 +98,7 @@ fn params(rng: &mut Rng) -> Params {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SplitMix64::new(seed));
         let params = params(&mut rng);
         let mut sim = Sim {
             s: Scheduler::new(params, 0),

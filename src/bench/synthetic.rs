@@ -15,9 +15,10 @@
 use std::time::Duration;
 
 use super::workload::{
-    mix, stream, words, Message, Prompt, Session, Turn, Workload, TAG_ANSWER, TAG_CONTEXT,
-    TAG_SYSTEM, TAG_USER,
+    stream, words, Message, Prompt, Session, Turn, Workload, TAG_ANSWER, TAG_CONTEXT, TAG_SYSTEM,
+    TAG_USER,
 };
+use crate::splitmix::{mix, SplitMix64, GAMMA};
 
 /// Parameters of the synthetic multi-turn workload.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,19 +59,19 @@ impl Default for MultiTurn {
     }
 }
 
-/// A seeded uniform source: SplitMix64 (Steele, Lea and Flood 2014).
+/// A seeded uniform source: the [`SplitMix64`] sequence of `seed + GAMMA` (one step ahead of
+/// `seed`'s, as it has always been: a seed keeps giving the same workload).
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(SplitMix64::new(seed.wrapping_add(GAMMA)))
     }
 
     /// Uniform in (0, 1].
     pub(crate) fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let bits = mix(self.0) >> 11;
+        let bits = self.0.next_u64() >> 11;
         (bits as f64 + 1.0) / (1u64 << 53) as f64
     }
 

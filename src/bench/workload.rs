@@ -14,13 +14,14 @@
 //! Mooncake replay (inputs average 15,000 tokens) holds a few hundred kilobytes of ids, not tens
 //! of megabytes of text. Expansion is deterministic: [`words`] turns a `(stream, index)` pair
 //! into a word from a fixed vocabulary of common English words (so a real tokenizer also reads
-//! about one token per word) by a SplitMix64 hash (Steele, Lea and Flood 2014). Equal ids give
+//! about one token per word) by a SplitMix64 hash ([`crate::splitmix::mix`]). Equal ids give
 //! equal text; text for a longer count of one stream extends the text for a shorter count.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::synthetic::MultiTurn;
+use crate::splitmix::mix;
 
 /// Words per Mooncake block (the trace's block size in tokens).
 pub const BLOCK_WORDS: u32 = 512;
@@ -105,14 +106,6 @@ pub(crate) const TAG_SYSTEM: u64 = 0x5359_5354_0000_0000;
 pub(crate) const TAG_CONTEXT: u64 = 0x4354_5854_0000_0000;
 pub(crate) const TAG_USER: u64 = 0x5553_4552_0000_0000;
 pub(crate) const TAG_ANSWER: u64 = 0x414e_5357_0000_0000;
-
-/// SplitMix64's finaliser: a bijective 64-bit mix.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
 
 /// The stream of `tag` and `id` (e.g. a block id, or a session seed and turn).
 pub fn stream(tag: u64, id: u64) -> u64 {

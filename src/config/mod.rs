@@ -16,7 +16,6 @@
 //! [`Config::validate`] then checks the cross-key rules and ranges on the result. Every error
 //! names the key and the bad value (see `docs/configuration.md` for every key).
 
-pub mod cli;
 pub mod duration;
 pub mod env;
 mod file;

@@ -257,6 +257,12 @@ pub fn start_with_source(config: Config, source: Option<ConfigSource>) -> io::Re
         true => core_affinity::get_core_ids().unwrap_or_default(),
         false => Vec::new(),
     };
+    if generation.config.server.pin_cores && cores.is_empty() {
+        eprintln!(
+            "warmpath: warning: pin_cores is set but no core id is available; all {shard_count} \
+             shards run unpinned"
+        );
+    }
     let mut shards = Vec::with_capacity(shard_count);
     let shard_parts = polls.into_iter().zip(listeners).zip(hosted);
     for (index, ((poll, listener), hosted)) in shard_parts.enumerate() {

@@ -21,6 +21,8 @@
 
 use hashbrown::HashMap;
 
+use crate::splitmix::{mix, GAMMA};
+
 /// Link value meaning "none" in the LRU list.
 const NIL: u32 = u32::MAX;
 
@@ -28,22 +30,14 @@ const NIL: u32 = u32::MAX;
 pub const CHAIN_SEED: u64 = 0x5157_4d50_4154_4821;
 
 /// The hash of a block whose parent block hash is `parent`, holding `tokens`: a multiply-xorshift
-/// mix (splitmix64's finaliser) per token. Deterministic across runs and platforms, unlike
+/// mix (SplitMix64's, [`mix`]) per token. Deterministic across runs and platforms, unlike
 /// `std`'s randomly keyed hasher, so cache behaviour is reproducible for a seed.
 pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
-    let mut h = mix(parent ^ 0x9e37_79b9_7f4a_7c15);
+    let mut h = mix(parent ^ GAMMA);
     for &t in tokens {
         h = mix(h ^ u64::from(t));
     }
     h
-}
-
-/// splitmix64's output function (Steele, Lea and Flood 2014): a bijective 64-bit mixer.
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[derive(Debug, Clone, Copy)]

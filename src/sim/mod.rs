@@ -232,7 +232,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = match crate::config::cli::termination_signals() {
+    let mut signals = match crate::signals::termination_signals() {
         Ok(signals) => signals,
         Err(code) => return code,
     };

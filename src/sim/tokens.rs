@@ -13,7 +13,7 @@
 //! prompt gets the same answer under the same seed (as with temperature 0), and words are
 //! joined by single spaces, so re-tokenizing an answer gives back the generated tokens.
 
-use super::cache::mix;
+use crate::splitmix::mix;
 
 /// The words generated text is made of (plain ASCII: no JSON escaping needed).
 pub const VOCAB: [&str; 32] = [

@@ -97,7 +97,9 @@ pub struct Setup {
 /// Runs a shard until shutdown has drained it.
 pub fn run(setup: Setup) {
     if let Some(core) = setup.core {
-        core_affinity::set_for_current(core);
+        if let Err(warning) = pin(setup.index, core) {
+            eprintln!("{warning}");
+        }
     }
     let mut shard = match Shard::new(setup) {
         Ok(shard) => shard,
@@ -108,6 +110,18 @@ pub fn run(setup: Setup) {
     };
     if let Err(e) = shard.run() {
         eprintln!("warmpath: shard {} stopped: {e}", shard.index);
+    }
+}
+
+/// Pins the calling thread, shard `index`, to `core`. If the kernel refuses (a core outside
+/// the process's cpuset, for one), the shard runs unpinned and this is the line to warn with.
+fn pin(index: u16, core: core_affinity::CoreId) -> Result<(), String> {
+    match core_affinity::set_for_current(core) {
+        true => Ok(()),
+        false => Err(format!(
+            "warmpath: warning: shard {index}: pinning to core {} failed; running unpinned",
+            core.id
+        )),
     }
 }
 
@@ -900,5 +914,25 @@ mod tests {
         assert!(session_value(Some(b"a b")).is_err());
         assert_eq!(hash_session(b"abc"), hash_session(b"abc"));
         assert_ne!(hash_session(b"abc"), hash_session(b"abd"));
+    }
+
+    /// Each attempt runs on a thread of its own, so a pin that works does not pin the test
+    /// runner's thread.
+    fn pin_on_a_new_thread(core: core_affinity::CoreId) -> Result<(), String> {
+        std::thread::spawn(move || pin(3, core)).join().unwrap()
+    }
+
+    #[test]
+    fn a_failed_pin_is_one_warning_naming_the_shard_and_core() {
+        // CPU 1023 is the last bit of a `cpu_set_t`; the kernel drops the bits past its CPUs,
+        // so on a machine with fewer than 1,024 the set is empty and sched_setaffinity fails.
+        let warning = pin_on_a_new_thread(core_affinity::CoreId { id: 1023 });
+        assert_eq!(
+            warning,
+            Err("warmpath: warning: shard 3: pinning to core 1023 failed; running unpinned".into())
+        );
+        // A core this process may run on pins without a word.
+        let allowed = core_affinity::get_core_ids().expect("the affinity mask is readable");
+        assert_eq!(pin_on_a_new_thread(allowed[0]), Ok(()));
     }
 }

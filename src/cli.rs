@@ -10,6 +10,9 @@
 //! Exit codes: 0 on success; 2 on a usage error (clap's convention) or an invalid
 //! configuration, with `error: <message>` on standard error; 1 if standard output fails or the
 //! router cannot start (a listener address in use, for example).
+//!
+//! This is the top layer (ARCHITECTURE.md, "Layers"): it knows every subcommand and calls the
+//! layer below; nothing in the crate uses it but `src/main.rs`.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -17,8 +20,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
-use super::{process_env, Config, Overrides};
+use crate::config::{process_env, Config, Overrides};
 
 /// warmpath: a session-aware router for LLM inference fleets.
 #[derive(Debug, Parser)]
@@ -105,17 +109,6 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     }
 }
 
-/// SIGTERM and SIGINT as an iterator, for a subcommand that runs until told to stop. Call it
-/// before starting any thread, so no signal arrives before it is handled. On failure the
-/// error is printed and the exit code returned.
-pub fn termination_signals() -> Result<signal_hook::iterator::Signals, ExitCode> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|error| {
-        eprintln!("error: installing signal handlers: {error}");
-        ExitCode::FAILURE
-    })
-}
-
 /// `warmpath serve`.
 fn serve(args: &ServeArgs) -> ExitCode {
     let overrides = Overrides {
@@ -130,13 +123,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
+    let mut signals = match crate::signals::install(&[SIGTERM, SIGINT, SIGHUP]) {
         Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("error: installing signal handlers: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let source = args.config.clone().map(|path| crate::server::ConfigSource {
         path,

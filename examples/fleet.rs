@@ -26,14 +26,16 @@ fn main() {
     let engines: Vec<_> =
         profiles.split(',').map(|p| warmpath::sim::profile(p).expect("profile")).collect();
     let engines = if engines.len() == 1 { vec![engines[0]; 2] } else { engines };
-    let dir = trace::data_dir();
+    let dir = trace::data_dir().expect("the traces");
     let mut workload = match trace_name.as_str() {
-        "mooncake" => {
-            trace::mooncake(&trace::read_mooncake(&dir.join(trace::MOONCAKE_FILE)).unwrap(), 1.0)
-        }
-        "ragpulse" => {
-            trace::ragpulse(&trace::read_ragpulse(&dir.join(trace::RAGPULSE_FILE)).unwrap(), 1.0)
-        }
+        "mooncake" => trace::mooncake(
+            &trace::read_mooncake(&trace::trace_file(&dir, trace::MOONCAKE_FILE).unwrap()).unwrap(),
+            1.0,
+        ),
+        "ragpulse" => trace::ragpulse(
+            &trace::read_ragpulse(&trace::trace_file(&dir, trace::RAGPULSE_FILE).unwrap()).unwrap(),
+            1.0,
+        ),
         other => panic!("unknown trace {other}"),
     };
     let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());
@@ -52,7 +54,7 @@ fn main() {
         for turn in &mut session.turns {
             let mut at = turn.at.as_secs_f64() / compress;
             if jitter != 0 {
-                jitter = warmpath::bench::workload::mix(jitter);
+                jitter = warmpath::splitmix::mix(jitter);
                 at += (jitter % 200_000) as f64 / 1e6;
             }
             turn.at = Duration::from_secs_f64(at);

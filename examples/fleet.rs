@@ -145,6 +145,17 @@ fn main() {
             }
         }
         eprintln!("follow-ups on their parent's backend: {home} of {total}");
+        if let Some(st) = &report.stats {
+            eprintln!(
+                "predicted match share: mean {:.3} buckets {:?}",
+                st.match_ratio_sum_milli as f64 / 1000.0 / st.admitted.iter().sum::<u64>() as f64,
+                st.match_ratio
+            );
+        }
+        let (p, c): (u64, u64) = report.outcomes.iter().fold((0, 0), |(p, c), o| {
+            (p + u64::from(o.prompt_tokens), c + u64::from(o.cached_tokens))
+        });
+        eprintln!("engine cached share of prompt tokens: {:.3}", c as f64 / p as f64);
     }
     if std::env::var("CSV").is_ok() {
         println!(

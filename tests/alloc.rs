@@ -87,8 +87,7 @@ impl Driver {
             };
             self.send(input);
         }
-        let snapshot =
-            Snapshot { healthy: true, waiting: Some(round as u32 % 2), scraped_at: self.now };
+        let snapshot = Snapshot::new(true, Some(round as u32 % 2), self.now);
         self.send(Input::Snapshot { backend: (round % 3) as u16, snapshot });
         self.send(Input::Tick);
     }

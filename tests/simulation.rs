@@ -260,7 +260,7 @@ impl Sim {
         let healthy = !traffic || self.rng.chance(90);
         let waiting = if traffic && self.rng.chance(20) { Some(2) } else { Some(0) };
         let waiting = if self.rng.chance(10) { None } else { waiting };
-        let snapshot = Snapshot { healthy, waiting, scraped_at: self.now };
+        let snapshot = Snapshot::new(healthy, waiting, self.now);
         self.input(Input::Snapshot { backend, snapshot });
         if traffic {
             let delay = 100 * MS + self.rng.below(400) * MS;

@@ -158,5 +158,5 @@ pub fn check(
         }
         _ => None,
     };
-    Snapshot { healthy, waiting, scraped_at: clock.now() }
+    Snapshot::new(healthy, waiting, clock.now())
 }

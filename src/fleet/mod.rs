@@ -517,11 +517,8 @@ impl<'a> Fleet<'a> {
     fn scrape(&mut self) {
         if self.scheduler.is_some() {
             for e in 0..self.engines.len() {
-                let snapshot = Snapshot {
-                    healthy: true,
-                    waiting: self.spec.report_waiting.then(|| self.engines[e].waiting() as u32),
-                    scraped_at: self.now,
-                };
+                let waiting = self.spec.report_waiting.then(|| self.engines[e].waiting() as u32);
+                let snapshot = Snapshot::new(true, waiting, self.now);
                 self.schedule(Input::Snapshot { backend: e as u16, snapshot });
             }
         }
@@ -532,19 +529,30 @@ impl<'a> Fleet<'a> {
 }
 
 /// The engine time a workload asks of engines of `params`, in simulated seconds, ignoring
-/// cache hits: each prompt token at the cost of a token of a full prefill chunk (the step's
-/// base cost shared by the chunk), each output token at one decoding sequence's cost.
+/// cache hits: each prompt token at its share of a full prefill chunk (the step's base cost
+/// shared by the chunk), each output token at one decoding sequence's cost plus its share of a
+/// decode step's base cost among the sequences that fit in the KV cache at once (at most
+/// `max_num_seqs`; with the workload's mean prompt and output per sequence). On engines whose
+/// KV cache holds few of the workload's sequences (a small card, long prompts) decoding is
+/// what limits them, and this counts it.
 pub fn work_seconds(workload: &Workload, params: &EngineParams) -> f64 {
-    let per_prompt_token = 1.0 / crate::sim::prefill_capacity(params);
-    let per_output_token = params.decode_seq_cost_ns as f64 / 1e9;
-    let mut seconds = 0.0;
+    let (mut prompt, mut output, mut n) = (0.0, 0.0, 0.0);
     for (s, session) in workload.sessions.iter().enumerate() {
         for (t, turn) in session.turns.iter().enumerate() {
-            seconds += workload.prompt_words(s, t) as f64 * per_prompt_token
-                + f64::from(turn.max_tokens) * per_output_token;
+            prompt += workload.prompt_words(s, t) as f64;
+            output += f64::from(turn.max_tokens);
+            n += 1.0;
         }
     }
-    seconds
+    if n == 0.0 {
+        return 0.0;
+    }
+    let kv_tokens = f64::from(params.kv_blocks) * f64::from(params.block_size);
+    let resident = (kv_tokens / ((prompt + output) / n)).clamp(1.0, f64::from(params.max_num_seqs));
+    let per_prompt_token = 1.0 / crate::sim::prefill_capacity(params);
+    let per_output_token =
+        (params.decode_seq_cost_ns as f64 + params.step_base_ns as f64 / resident) / 1e9;
+    prompt * per_prompt_token + output * per_output_token
 }
 
 /// The offered load of `workload` (its offsets as they are) on `engines` engines of

@@ -175,11 +175,11 @@ fn decode_input(
         7..=9 => Input::Complete { id: live.pick(bytes, true), success: bytes.below(4) != 0 },
         10 => Input::Retry(live.pick(bytes, true)),
         11 | 12 => {
-            let snapshot = Snapshot {
-                healthy: bytes.below(5) != 0,
-                waiting: [None, Some(0), Some(0), Some(2)][bytes.below(4) as usize],
-                scraped_at: now.saturating_sub(u64::from(bytes.below(4)) * 3 * RESOLUTION),
-            };
+            let snapshot = Snapshot::new(
+                bytes.below(5) != 0,
+                [None, Some(0), Some(0), Some(2)][bytes.below(4) as usize],
+                now.saturating_sub(u64::from(bytes.below(4)) * 3 * RESOLUTION),
+            );
             Input::Snapshot { backend: bytes.below(u32::from(backends)) as u16, snapshot }
         }
         13 if bytes.below(8) == 0 => Input::Shutdown,

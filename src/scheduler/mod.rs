@@ -59,7 +59,7 @@ use hashbrown::HashMap;
 use crate::clock::{Tick, TickRate};
 use crate::config::{self, ModelConfig, Strategy, UpstreamConfig};
 use policy::{Backend, Gates};
-pub use policy::{Routing, Snapshot};
+pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
 use tracker::SessionTracker;
 use wheel::{TimerKey, TimerWheel};

@@ -34,6 +34,41 @@ pub struct Snapshot {
     pub waiting: Option<u32>,
     /// When the health check and scrape were taken.
     pub scraped_at: Tick,
+    /// What the engine exports about its caches (all unknown when not scraped).
+    pub cache: EngineCache,
+}
+
+impl Snapshot {
+    /// A report of health and the waiting gauge only, as from an engine that exports nothing
+    /// about its caches.
+    pub const fn new(healthy: bool, waiting: Option<u32>, scraped_at: Tick) -> Snapshot {
+        Snapshot { healthy, waiting, scraped_at, cache: EngineCache::UNKNOWN }
+    }
+}
+
+/// What an engine's `/metrics` says about its KV cache and its prefix cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineCache {
+    /// KV-cache capacity in tokens; 0 when not exported. vLLM: `num_gpu_blocks` ×
+    /// `block_size` (or `kv_cache_size_tokens`) from the labels of `vllm:cache_config_info`;
+    /// SGLang: `sglang:max_total_num_tokens`.
+    pub kv_capacity_tokens: u32,
+    /// The engine's prefix-cache counters, in tokens, as exported (cumulative since the
+    /// engine started): queries and hits (vLLM `vllm:prefix_cache_queries_total` and
+    /// `vllm:prefix_cache_hits_total`); [`EngineCache::NO_COUNTER`] when not exported.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+impl EngineCache {
+    /// A counter the engine does not export.
+    pub const NO_COUNTER: u64 = u64::MAX;
+    /// Nothing known.
+    pub const UNKNOWN: EngineCache = EngineCache {
+        kv_capacity_tokens: 0,
+        prefix_queries: EngineCache::NO_COUNTER,
+        prefix_hits: EngineCache::NO_COUNTER,
+    };
 }
 
 /// The scheduler's view of one backend.

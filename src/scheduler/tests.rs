@@ -87,7 +87,7 @@ impl Harness {
     }
 
     fn snapshot(&mut self, backend: u16, healthy: bool, waiting: Option<u32>) -> Vec<Output> {
-        let snapshot = Snapshot { healthy, waiting, scraped_at: self.now };
+        let snapshot = Snapshot::new(healthy, waiting, self.now);
         self.send(Input::Snapshot { backend, snapshot })
     }
 }
@@ -532,10 +532,7 @@ fn repeated_failures_eject_until_a_later_health_check_passes() {
     assert_eq!(admitted_to(&h.arrive(4, None)), vec![(4, 1)]);
     assert_eq!(admitted_to(&h.arrive(5, None)), vec![(5, 1)], "ejected backend gets nothing");
     // A snapshot taken before the ejection does not bring it back; a later one does.
-    h.at(20).send(Input::Snapshot {
-        backend: 0,
-        snapshot: Snapshot { healthy: true, waiting: Some(0), scraped_at: 5 },
-    });
+    h.at(20).send(Input::Snapshot { backend: 0, snapshot: Snapshot::new(true, Some(0), 5) });
     assert!(!h.s.backend_usable(0));
     h.at(30).snapshot(0, true, Some(0));
     assert!(h.s.backend_usable(0));

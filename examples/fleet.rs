@@ -10,7 +10,6 @@ use warmpath::bench::trace;
 use warmpath::clock::TickRate;
 use warmpath::config::{Config, Overrides};
 use warmpath::fleet::{self, FleetSpec, Router};
-use warmpath::scheduler::Params;
 
 fn sim_scale() -> f64 {
     std::env::var("SIM_SCALE").map(|v| v.parse().unwrap()).unwrap_or(8.0)
@@ -42,12 +41,7 @@ fn main() {
     if let Some(w) = window {
         workload.truncate(None, Some(Duration::from_secs_f64(w)));
     }
-    // Offered load at compression 1, summed over the fleet's engines (mean of their costs).
-    let base = fleet::offered_load(&workload, &engines[0], 1) / engines.len() as f64;
-    let mixed: f64 =
-        engines.iter().map(|e| 1.0 / fleet::offered_load(&workload, e, 1)).sum::<f64>();
-    let compress = load * mixed;
-    let _ = base;
+    let compress = warmpath::bench::load::compression_for(&workload, &engines, load);
     // JITTER=seed: each turn's offset moves by up to 200 simulated ms (another sample path).
     let mut jitter: u64 = std::env::var("JITTER").map(|v| v.parse().unwrap()).unwrap_or(0);
     for session in &mut workload.sessions {
@@ -95,7 +89,7 @@ fn main() {
             // Ticks are simulated nanoseconds; the router's durations are real time, and the
             // engines of the real replays run SIM_SCALE simulated seconds per real second.
             let rate = TickRate::new(sim_scale());
-            Router::Warmpath(Params::for_model(&config.models[0], &config.upstream, rate))
+            Router::Warmpath(warmpath::server::generation::scheduler_params(&config.models[0], &config.upstream, rate))
         }
     };
     let spec = FleetSpec {
@@ -106,6 +100,7 @@ fn main() {
         scrape_ns,
         model: "sim-8b".into(),
         report_waiting: std::env::var("NO_WAITING").is_err(),
+        trace_budget: std::env::var("TRACE_BUDGET").is_ok(),
     };
     let clock = warmpath::clock::Clock::real();
     let started = clock.now();
@@ -156,6 +151,18 @@ fn main() {
             (p + u64::from(o.prompt_tokens), c + u64::from(o.cached_tokens))
         });
         eprintln!("engine cached share of prompt tokens: {:.3}", c as f64 / p as f64);
+    }
+    if std::env::var("DETAIL").is_ok() {
+        for (b, e) in report.estimates.iter().enumerate() {
+            let rate = if e.rate.1 > 0 { e.rate.0 as f64 / e.rate.1 as f64 * 1e9 } else { 0.0 };
+            eprintln!(
+                "backend {b}: rate {rate:.0} tok/s (true {:.0}) budget set at {:.1}s budget {} kv {} index {} hit pred {:.3} engine {:.3} counter {:?}",
+                warmpath::sim::prefill_capacity(&spec.engines[b]),
+                e.budget_at as f64 / 1e9, e.budget, e.kv_capacity_tokens, e.index_capacity,
+                e.predicted_hit_micro as f64 / 1e6, e.engine_hit_micro as f64 / 1e6, e.counter_hit_micro
+            );
+        }
+        eprintln!("tokens per byte {:?}", report.tokens_per_byte.map(|t| t as f64 / 1e6));
     }
     if std::env::var("CSV").is_ok() {
         println!(

@@ -34,6 +34,7 @@
 
 pub mod client;
 pub mod engines;
+pub mod load;
 pub mod report;
 pub mod synthetic;
 pub mod trace;
@@ -86,6 +87,18 @@ pub struct BenchArgs {
     /// 1000 for ragpulse].
     #[arg(long, value_name = "FACTOR")]
     pub time_scale: Option<f64>,
+    /// Replay a trace at this fraction of the capacity of simulated engines (`warmpath sim`)
+    /// instead of `--time-scale`: needs `--engine-profile`, one per engine (see
+    /// `src/bench/load.rs` for what capacity means).
+    #[arg(long, value_name = "FRACTION", conflicts_with = "time_scale")]
+    pub load: Option<f64>,
+    /// With `--load`: the profile of each engine behind the target, in order (repeat it per
+    /// engine; `warmpath sim --profile list` names them).
+    #[arg(long = "engine-profile", value_name = "NAME", requires = "load")]
+    pub engine_profiles: Vec<String>,
+    /// With `--load`: the engines' `--time-scale` (simulated seconds per real second).
+    #[arg(long, value_name = "FACTOR", default_value_t = 1.0, requires = "load")]
+    pub sim_scale: f64,
     /// Only requests starting within this time (e.g. `60s`); for multiturn the window over
     /// which sessions arrive [default: 30s for multiturn, the whole trace otherwise].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -255,13 +268,31 @@ pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
         .workload(),
         WorkloadKind::Mooncake => {
             let rows = trace::read_mooncake(&trace_path(args, trace::MOONCAKE_FILE)?)?;
-            trace::mooncake(&rows, args.time_scale.unwrap_or(1.0))
+            let scale = if args.load.is_some() { 1.0 } else { args.time_scale.unwrap_or(1.0) };
+            trace::mooncake(&rows, scale)
         }
         WorkloadKind::Ragpulse => {
             let rows = trace::read_ragpulse(&trace_path(args, trace::RAGPULSE_FILE)?)?;
-            trace::ragpulse(&rows, args.time_scale.unwrap_or(1000.0))
+            let scale = if args.load.is_some() { 1.0 } else { args.time_scale.unwrap_or(1000.0) };
+            trace::ragpulse(&rows, scale)
         }
     };
+    if let Some(target) = args.load {
+        let profiles = args
+            .engine_profiles
+            .iter()
+            .map(|name| {
+                crate::sim::profile(name).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("--engine-profile {name:?}: no such profile"),
+                    )
+                })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let scale = load::compression_for(&workload, &profiles, target) * args.sim_scale;
+        workload.compress(scale);
+    }
     workload.truncate(args.max_requests, args.duration);
     Ok(workload)
 }
@@ -277,8 +308,19 @@ fn trace_path(args: &BenchArgs, name: &str) -> std::io::Result<PathBuf> {
 
 fn check(args: &BenchArgs) -> Result<(), String> {
     let scale_ok = args.time_scale.is_none_or(|s| s.is_finite() && s > 0.0);
+    let load_ok = args.load.is_none_or(|l| l.is_finite() && l > 0.0);
     match () {
         _ if !scale_ok => Err("--time-scale must be a positive number".into()),
+        _ if !load_ok => Err("--load must be a positive number".into()),
+        _ if args.load.is_some() && args.engine_profiles.is_empty() => {
+            Err("--load needs --engine-profile, once per engine behind the target".into())
+        }
+        _ if args.load.is_some() && args.workload == WorkloadKind::Multiturn => {
+            Err("--load applies to trace replays (mooncake, ragpulse)".into())
+        }
+        _ if !(args.sim_scale.is_finite() && args.sim_scale > 0.0) => {
+            Err("--sim-scale must be a positive number".into())
+        }
         _ if !(args.rate.is_finite() && args.rate > 0.0) => Err("--rate must be positive".into()),
         _ if args.turns == 0 => Err("--turns must be at least 1".into()),
         _ if args.max_inflight == 0 => Err("--max-inflight must be at least 1".into()),

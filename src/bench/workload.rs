@@ -238,6 +238,14 @@ impl Workload {
         out.extend_from_slice(body.as_bytes());
     }
 
+    /// Divides every turn's offset and think time by `factor` (a time compression).
+    pub fn compress(&mut self, factor: f64) {
+        for turn in self.sessions.iter_mut().flat_map(|s| &mut s.turns) {
+            turn.at = Duration::from_secs_f64(turn.at.as_secs_f64() / factor);
+            turn.think = Duration::from_secs_f64(turn.think.as_secs_f64() / factor);
+        }
+    }
+
     /// Keeps the turns that start within `duration` and the first `max_requests` of them in
     /// order of (offset, session, turn), dropping any turn whose `after` was dropped, and the
     /// sessions left empty. A turn's predecessor sorts before it, so a prefix keeps chains whole.

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use super::duration::parse_duration;
-use super::{AccessLog, Engine, ModelConfig, QueueConfig, Routing, ServerConfig, Strategy};
+use super::{AccessLog, Engine, ModelConfig, QueueConfig, Routing, ServerConfig, Setting, Strategy};
 use super::{ConfigError, ConfigErrorKind, UpstreamConfig};
 
 /// Keys of `[server]`, in documentation order.
@@ -183,14 +183,16 @@ impl QueueConfig {
             "timeout" => self.timeout = duration(raw)?,
             "max_queued" => self.max_queued = unsigned(raw)?,
             "inflight_per_backend" => self.inflight_per_backend = unsigned(raw)?,
-            "prefill_tokens_per_backend" => self.prefill_tokens_per_backend = unsigned(raw)?,
+            "prefill_tokens_per_backend" => {
+                self.prefill_tokens_per_backend = auto_or(raw, unsigned)?;
+            }
             "session_header" => self.session_header = string(raw)?,
             "max_sessions" => self.max_sessions = unsigned(raw)?,
             "max_overtakes" => self.max_overtakes = unsigned(raw)?,
             "boosted_streak_max" => self.boosted_streak_max = unsigned(raw)?,
             "grace_period" => self.grace_period = duration(raw)?,
             "prefix_block_bytes" => self.prefix_block_bytes = unsigned(raw)?,
-            "prefix_index_blocks" => self.prefix_index_blocks = unsigned(raw)?,
+            "prefix_index_blocks" => self.prefix_index_blocks = auto_or(raw, unsigned)?,
             "placement_scan_max" => self.placement_scan_max = unsigned(raw)?,
             "cost_slack_tokens" => self.cost_slack_tokens = unsigned(raw)?,
             "affinity_wait_max" => self.affinity_wait_max = duration(raw)?,
@@ -272,6 +274,24 @@ where
             let n: u64 = text.parse().map_err(|_| too_large())?;
             T::try_from(n).map_err(|_| too_large())
         }
+    }
+}
+
+/// `"auto"`, or a value of the key's type.
+fn auto_or<T>(raw: Raw<'_>, value: fn(Raw<'_>) -> Result<T, String>) -> Result<Setting<T>, String> {
+    let is_auto = match raw {
+        Raw::Toml(toml::Value::String(text)) => text == "auto",
+        Raw::Text(text) => text.trim() == "auto",
+        Raw::Toml(_) => false,
+    };
+    if is_auto {
+        return Ok(Setting::Auto);
+    }
+    match raw {
+        Raw::Toml(toml::Value::String(text)) => {
+            Err(format!("expected \"auto\" or an integer, found the string {text:?}"))
+        }
+        _ => value(raw).map(Setting::Fixed).map_err(|reason| format!("{reason} (or \"auto\")")),
     }
 }
 

@@ -94,6 +94,27 @@ pub enum AccessLog {
     File(PathBuf),
 }
 
+/// A key that warmpath can learn (`"auto"`, the default) or that the operator fixes (an
+/// integer). SPEC section 10.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting<T> {
+    /// Learned at run time; what it resolves to is in `docs/configuration.md` and printed by
+    /// `warmpath check-config`.
+    Auto,
+    /// The operator's value.
+    Fixed(T),
+}
+
+impl<T: std::fmt::Display> std::fmt::Display for Setting<T> {
+    /// `"auto"` (a TOML string) or the value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Setting::Auto => f.write_str("\"auto\""),
+            Setting::Fixed(value) => value.fmt(f),
+        }
+    }
+}
+
 /// A queue table: `[queue]` (defaults) or a model's effective queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueConfig {
@@ -105,8 +126,9 @@ pub struct QueueConfig {
     pub max_queued: u32,
     /// S6.1: safety cap on one backend's inflight requests.
     pub inflight_per_backend: u32,
-    /// S6.3: prefill backlog budget per backend, in estimated prompt tokens; 0 = off.
-    pub prefill_tokens_per_backend: u64,
+    /// S6.3: prefill backlog budget per backend, in estimated prompt tokens: learned per
+    /// backend (`auto`), or fixed (`0` = off).
+    pub prefill_tokens_per_backend: Setting<u64>,
     /// Request header carrying the session id (matched case-insensitively).
     pub session_header: String,
     /// S2: capacity of the tracker of recently completed sessions.
@@ -119,8 +141,9 @@ pub struct QueueConfig {
     pub grace_period: Duration,
     /// S16: bytes of prompt text per hashed block of the prefix index.
     pub prefix_block_bytes: u32,
-    /// S16: blocks remembered per backend by the prefix index.
-    pub prefix_index_blocks: u32,
+    /// S16: blocks remembered per backend by the prefix index: sized from the engine's KV
+    /// capacity and calibrated (`auto`), or fixed.
+    pub prefix_index_blocks: Setting<u32>,
     /// S16: queued requests examined per admission.
     pub placement_scan_max: u32,
     /// S16: a backend within this many tokens of the cheapest one is acceptable.
@@ -293,14 +316,14 @@ impl Default for QueueConfig {
             timeout: Duration::from_secs(30),
             max_queued: 65_536,
             inflight_per_backend: 256,
-            prefill_tokens_per_backend: 16_384,
+            prefill_tokens_per_backend: Setting::Auto,
             session_header: "X-Session-ID".to_owned(),
             max_sessions: 4_096,
             max_overtakes: 16,
             boosted_streak_max: 0,
             grace_period: Duration::ZERO,
             prefix_block_bytes: 256,
-            prefix_index_blocks: 8_192,
+            prefix_index_blocks: Setting::Auto,
             placement_scan_max: 64,
             cost_slack_tokens: 2_048,
             affinity_wait_max: Duration::from_secs(1),

@@ -6,7 +6,8 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::duration::format_duration;
-use super::{Config, ModelConfig, QueueConfig, ServerConfig, UpstreamConfig};
+use super::{Config, ModelConfig, QueueConfig, ServerConfig, Setting, UpstreamConfig};
+use crate::scheduler::estimate::{BUDGET_UNLEARNED, INDEX_DEFAULT_BLOCKS, WAITING_TARGET};
 
 /// The whole document.
 pub(crate) fn config(config: &Config) -> String {
@@ -20,6 +21,26 @@ pub(crate) fn config(config: &Config) -> String {
         model(&mut out, model_config);
     }
     out
+}
+
+/// What `prefill_tokens_per_backend = "auto"` resolves to, as comment lines.
+fn auto_budget(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "#   auto: per backend, starts at {BUDGET_UNLEARNED} estimated tokens and moves so that \
+         the engine's own queue\n#   holds {WAITING_TARGET} of warmpath's requests while \
+         warmpath holds more (docs/configuration.md)"
+    );
+}
+
+/// What `prefix_index_blocks = "auto"` resolves to, as comment lines.
+fn auto_index(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "#   auto: per backend, the engine's exported KV capacity in prompt blocks \
+         ({INDEX_DEFAULT_BLOCKS} when it exports none),\n#   \
+         scaled by a calibration against the cache hits the engine reports (docs/configuration.md)"
+    );
 }
 
 /// A TOML string literal, escaped as TOML requires.
@@ -61,6 +82,9 @@ fn queue(out: &mut String, queue: &QueueConfig) {
     line(out, "max_queued", queue.max_queued);
     line(out, "inflight_per_backend", queue.inflight_per_backend);
     line(out, "prefill_tokens_per_backend", queue.prefill_tokens_per_backend);
+    if queue.prefill_tokens_per_backend == Setting::Auto {
+        auto_budget(out);
+    }
     line(out, "session_header", string(&queue.session_header));
     line(out, "max_sessions", queue.max_sessions);
     line(out, "max_overtakes", queue.max_overtakes);
@@ -68,6 +92,9 @@ fn queue(out: &mut String, queue: &QueueConfig) {
     line(out, "grace_period", duration(queue.grace_period));
     line(out, "prefix_block_bytes", queue.prefix_block_bytes);
     line(out, "prefix_index_blocks", queue.prefix_index_blocks);
+    if queue.prefix_index_blocks == Setting::Auto {
+        auto_index(out);
+    }
     line(out, "placement_scan_max", queue.placement_scan_max);
     line(out, "cost_slack_tokens", queue.cost_slack_tokens);
     line(out, "affinity_wait_max", duration(queue.affinity_wait_max));

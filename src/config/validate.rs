@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::duration::format_duration;
 use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
-use super::{ServerConfig, UpstreamConfig};
+use super::{ServerConfig, Setting, UpstreamConfig};
 
 /// Most backends one model may list (backend indices are 16-bit).
 pub(crate) const BACKENDS_MAX: usize = 65_535;
@@ -144,7 +144,9 @@ fn queue(context: &str, queue: &QueueConfig) -> Check {
     }
     range(c, "queue.max_sessions", queue.max_sessions, 1, QUEUED_MAX)?;
     range(c, "queue.prefix_block_bytes", queue.prefix_block_bytes, 16, 65_536)?;
-    range(c, "queue.prefix_index_blocks", queue.prefix_index_blocks, 1, 67_108_864)?;
+    if let Setting::Fixed(blocks) = queue.prefix_index_blocks {
+        range(c, "queue.prefix_index_blocks", blocks, 1, 67_108_864)?;
+    }
     range(c, "queue.placement_scan_max", queue.placement_scan_max, 1, 65_536)
 }
 
@@ -333,7 +335,7 @@ mod tests {
             refused(|c| c.queue.prefix_block_bytes = 15),
             "queue.prefix_block_bytes = 15: must be at least 16"
         );
-        assert!(refused(|c| c.queue.prefix_index_blocks = 0)
+        assert!(refused(|c| c.queue.prefix_index_blocks = Setting::Fixed(0))
             .starts_with("queue.prefix_index_blocks = 0"));
         assert!(
             refused(|c| c.queue.placement_scan_max = 0).starts_with("queue.placement_scan_max = 0")

@@ -29,8 +29,11 @@ use std::time::Duration;
 
 use crate::bench::{Message, Workload};
 use crate::protocol::prompt::PromptHasher;
+use crate::scheduler::estimate::BackendEstimates;
 use crate::scheduler::prefix::NO_PROMPT;
-use crate::scheduler::{Arrival, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats};
+use crate::scheduler::{
+    Arrival, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats, Usage,
+};
 use crate::sim::engine::{Engine, EngineParams, Event as EngineEvent, SubmitError};
 use crate::sim::tokens;
 
@@ -63,6 +66,8 @@ pub struct FleetSpec {
     pub model: String,
     /// Whether snapshots carry the engines' waiting gauge (as vLLM's metrics do).
     pub report_waiting: bool,
+    /// Print each backend's budget at every control round (stderr).
+    pub trace_budget: bool,
 }
 
 /// What one request saw.
@@ -92,6 +97,10 @@ pub struct FleetReport {
     pub engines: Vec<(u64, u64, u64, u64, u64)>,
     /// The scheduler's counters (warmpath only).
     pub stats: Option<Stats>,
+    /// What it learned of each backend, at the end (warmpath only).
+    pub estimates: Vec<BackendEstimates>,
+    /// Its learned tokens per byte, millionths.
+    pub tokens_per_byte: Option<u64>,
 }
 
 impl FleetReport {
@@ -166,6 +175,11 @@ struct Req {
     failed: bool,
     /// Bound to a backend (by the scheduler or the peer).
     admitted: bool,
+    /// What the response's `usage` says (the engine's count).
+    usage: Usage,
+    /// Engine time of its first token, and the mean time between its tokens after it.
+    first_token_at: u64,
+    gap: u64,
     ended: bool,
 }
 
@@ -262,6 +276,9 @@ impl<'a> Fleet<'a> {
                     cached_tokens: 0,
                     failed: false,
                     admitted: false,
+                    usage: Usage::NONE,
+                    first_token_at: 0,
+                    gap: 0,
                     ended: false,
                 });
                 fleet.by_turn.insert((s as u32, t as u32), index);
@@ -347,6 +364,10 @@ impl<'a> Fleet<'a> {
                 })
                 .collect(),
             stats: self.scheduler.as_ref().map(|s| s.stats().clone()),
+            estimates: self.scheduler.as_ref().map_or_else(Vec::new, |s| {
+                (0..self.engines.len() as u16).map(|b| s.backend_estimates(b)).collect()
+            }),
+            tokens_per_byte: self.scheduler.as_ref().map(|s| s.token_rate().per_byte_micro()),
         }
     }
 
@@ -391,7 +412,7 @@ impl<'a> Fleet<'a> {
         let arrival = Arrival {
             id: RequestId(u64::from(r)),
             session: Some(hash_session(session_id)),
-            prompt_tokens: u32::try_from(self.body.len() / 4).unwrap_or(u32::MAX),
+            prompt_bytes: u32::try_from(self.body.len()).unwrap_or(u32::MAX),
             streaming: true,
             prompt,
         };
@@ -472,11 +493,21 @@ impl<'a> Fleet<'a> {
         for event in &events {
             match *event {
                 EngineEvent::Token { id, index: 0, .. } => {
+                    self.reqs[id as usize].first_token_at = self.now;
                     self.push(self.now + self.spec.net_ns, Event::FirstByte(id as u32));
                 }
                 EngineEvent::Token { .. } => {}
                 EngineEvent::Finished { id, usage } => {
-                    self.reqs[id as usize].cached_tokens = usage.cached_tokens;
+                    let req = &mut self.reqs[id as usize];
+                    req.cached_tokens = usage.cached_tokens;
+                    if usage.completion_tokens > 1 {
+                        let span = self.now - req.first_token_at;
+                        req.gap = span / u64::from(usage.completion_tokens - 1);
+                    }
+                    req.usage = Usage {
+                        prompt_tokens: usage.prompt_tokens,
+                        cached_tokens: usage.cached_tokens,
+                    };
                     self.push(self.now + self.spec.net_ns, Event::Done(id as u32));
                 }
             }
@@ -497,7 +528,8 @@ impl<'a> Fleet<'a> {
             peer.finished(backend);
         } else if admitted && self.scheduler.is_some() {
             let id = RequestId(u64::from(r));
-            self.schedule(Input::Complete { id, success: !failed });
+            let usage = self.reqs[r as usize].usage;
+            self.schedule(Input::Complete { id, success: !failed, usage });
         }
         let (s, t) = (self.reqs[r as usize].session, self.reqs[r as usize].turn);
         let at = self.now + self.spec.client_ns;
@@ -515,6 +547,15 @@ impl<'a> Fleet<'a> {
     }
 
     fn scrape(&mut self) {
+        if let (Some(s), true) = (&self.scheduler, self.spec.trace_budget) {
+            let estimates: Vec<String> = (0..self.engines.len() as u16)
+                .map(|b| {
+                    let e = s.backend_estimates(b);
+                    format!("{}:{}", e.budget, s.backend_prefill_tokens(b))
+                })
+                .collect();
+            eprintln!("t {:.1} queued {} {}", secs(self.now), s.queued(), estimates.join(" "));
+        }
         if self.scheduler.is_some() {
             for e in 0..self.engines.len() {
                 let waiting = self.spec.report_waiting.then(|| self.engines[e].waiting() as u32);
@@ -526,45 +567,6 @@ impl<'a> Fleet<'a> {
             self.push(self.now + self.spec.scrape_ns, Event::Scrape);
         }
     }
-}
-
-/// The engine time a workload asks of engines of `params`, in simulated seconds, ignoring
-/// cache hits: each prompt token at its share of a full prefill chunk (the step's base cost
-/// shared by the chunk), each output token at one decoding sequence's cost plus its share of a
-/// decode step's base cost among the sequences that fit in the KV cache at once (at most
-/// `max_num_seqs`; with the workload's mean prompt and output per sequence). On engines whose
-/// KV cache holds few of the workload's sequences (a small card, long prompts) decoding is
-/// what limits them, and this counts it.
-pub fn work_seconds(workload: &Workload, params: &EngineParams) -> f64 {
-    let (mut prompt, mut output, mut n) = (0.0, 0.0, 0.0);
-    for (s, session) in workload.sessions.iter().enumerate() {
-        for (t, turn) in session.turns.iter().enumerate() {
-            prompt += workload.prompt_words(s, t) as f64;
-            output += f64::from(turn.max_tokens);
-            n += 1.0;
-        }
-    }
-    if n == 0.0 {
-        return 0.0;
-    }
-    let kv_tokens = f64::from(params.kv_blocks) * f64::from(params.block_size);
-    let resident = (kv_tokens / ((prompt + output) / n)).clamp(1.0, f64::from(params.max_num_seqs));
-    let per_prompt_token = 1.0 / crate::sim::prefill_capacity(params);
-    let per_output_token =
-        (params.decode_seq_cost_ns as f64 + params.step_base_ns as f64 / resident) / 1e9;
-    prompt * per_prompt_token + output * per_output_token
-}
-
-/// The offered load of `workload` (its offsets as they are) on `engines` engines of
-/// `params`: the engine time it asks for over the engine time its span gives.
-pub fn offered_load(workload: &Workload, params: &EngineParams, engines: usize) -> f64 {
-    let span = workload
-        .sessions
-        .iter()
-        .flat_map(|s| &s.turns)
-        .map(|t| t.at.as_secs_f64())
-        .fold(0.0, f64::max);
-    work_seconds(workload, params) / (span.max(1e-9) * engines as f64)
 }
 
 fn secs(ns: u64) -> f64 {

@@ -4,6 +4,7 @@
 
 use crate::clock::Tick;
 
+use super::estimate::{BackendEstimates, TokenRate};
 use super::policy::Backend;
 use super::{placement, prefix, Lane, Params, Scheduler, Stats, Timer};
 
@@ -84,6 +85,35 @@ impl Scheduler {
         heads.into_iter().flatten().map(|index| self.queue.get(index).arrived_at).min()
     }
 
+    /// What the scheduler learned of `backend`.
+    pub fn backend_estimates(&self, backend: u16) -> BackendEstimates {
+        let b = usize::from(backend);
+        let (prefill, cache) = (&self.learned.prefill[b], &self.learned.cache[b]);
+        BackendEstimates {
+            rate: prefill.rate,
+            rate_at: prefill.rate_at,
+            budget_at: prefill.budget_at,
+            budget: self.backends[b].budget,
+            kv_capacity_tokens: cache.kv_capacity_tokens,
+            kv_capacity_at: cache.kv_capacity_at,
+            predicted_hit_micro: cache.predicted_micro,
+            engine_hit_micro: cache.engine_micro,
+            hit_ratio_at: cache.hit_ratio_at,
+            counter_hit_micro: cache.counter_micro,
+            counter_at: cache.counter_at,
+            index_capacity: self
+                .prefix
+                .as_ref()
+                .and_then(|p| p.indexes.get(b))
+                .map_or(0, |i| i.capacity() as u64),
+        }
+    }
+
+    /// The model's learned tokens per byte of request body.
+    pub fn token_rate(&self) -> TokenRate {
+        self.learned.tokens
+    }
+
     /// Sessions in the tracker.
     pub fn sessions_tracked(&self) -> usize {
         self.tracker.len()
@@ -98,6 +128,7 @@ impl Scheduler {
             + self.backends.capacity() * std::mem::size_of::<Backend>()
             + self.expired.capacity() * std::mem::size_of::<(Tick, Timer)>()
             + self.prefix.as_ref().map_or(0, placement::Prefix::heap_bytes)
+            + self.learned.heap_bytes()
     }
 
     /// Checks every structure and the accounting of S14; panics on a violation.
@@ -107,10 +138,12 @@ impl Scheduler {
         self.wheel.check_invariants();
         let count = self.backends.len();
         let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
+        let mut pending = vec![0u32; count];
         self.queue.for_each_admitted(|index, entry| {
             inflight[usize::from(entry.backend)] += 1;
             if entry.prefill_pending {
-                prefill[usize::from(entry.backend)] += self.backlog_tokens(index);
+                prefill[usize::from(entry.backend)] += u64::from(self.learned.backlog[index as usize]);
+                pending[usize::from(entry.backend)] += 1;
             }
         });
         let mut holds = vec![0u32; count];
@@ -120,6 +153,7 @@ impl Scheduler {
         for (index, backend) in self.backends.iter().enumerate() {
             assert_eq!(backend.inflight, inflight[index], "inflight of backend {index}");
             assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
+            assert_eq!(backend.prefill_pending, pending[index], "prefill requests of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");
             // A reconfiguration may lower the cap under a backend's inflight; no slot is held
             // then, and none is admitted until it is under the cap again.

@@ -35,6 +35,7 @@
 //!   still-queued request, a cancel racing an admission already released) change nothing and are
 //!   counted in [`Stats::stale_events`].
 
+pub mod estimate;
 pub mod heap;
 mod inspect;
 mod placement;
@@ -52,12 +53,10 @@ pub mod reference;
 mod tests;
 pub mod thread;
 
-use std::time::Duration;
-
 use hashbrown::HashMap;
 
-use crate::clock::{Tick, TickRate};
-use crate::config::{self, ModelConfig, Strategy, UpstreamConfig};
+use crate::clock::Tick;
+use estimate::Learned;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
@@ -131,13 +130,29 @@ pub struct Arrival {
     pub id: RequestId,
     /// Hash of the session header's value; `None` when absent or empty.
     pub session: Option<u64>,
-    /// Estimated prompt tokens (body bytes / 4) for the prefill backlog (S6.3).
-    pub prompt_tokens: u32,
+    /// Bytes of the request body; its prompt tokens are estimated from them (S6.3).
+    pub prompt_bytes: u32,
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
     /// S16: the [`prefix::PromptPool`] slot holding the prompt's block hashes, or
     /// [`prefix::NO_PROMPT`]. The scheduler gives the slot back when the request ends.
     pub prompt: u32,
+}
+
+/// What a response's `usage` object said about its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// `usage.prompt_tokens`; 0 when absent.
+    pub prompt_tokens: u32,
+    /// `usage.prompt_tokens_details.cached_tokens`; [`Usage::UNKNOWN_CACHED`] when absent.
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    /// `cached_tokens` when the response did not say.
+    pub const UNKNOWN_CACHED: u32 = u32::MAX;
+    /// A response without `usage`.
+    pub const NONE: Usage = Usage { prompt_tokens: 0, cached_tokens: Usage::UNKNOWN_CACHED };
 }
 
 /// One event for the scheduler.
@@ -150,7 +165,8 @@ pub enum Input {
     /// An admitted streaming request received its first response body byte (S6.3).
     FirstByte(RequestId),
     /// An admitted request ended; `success` (a fully relayed 2xx) marks its session (S12).
-    Complete { id: RequestId, success: bool },
+    /// `usage` is what the response said of its prompt, when it said it.
+    Complete { id: RequestId, success: bool, usage: Usage },
     /// An admitted request failed before any response byte, retryably (SPEC 2.8).
     Retry(RequestId),
     /// A backend's health and metrics report.
@@ -191,8 +207,8 @@ pub struct Params {
     pub queue_timeout: Option<Tick>,
     pub max_queued: u32,
     pub inflight_per_backend: u32,
-    /// S6.3; 0 = off.
-    pub prefill_tokens_per_backend: u64,
+    /// S6.3: the prefill budget per backend.
+    pub prefill_tokens_per_backend: Budget,
     pub max_sessions: u32,
     /// S4; 0 = unbounded.
     pub max_overtakes: u32,
@@ -210,13 +226,43 @@ pub struct Params {
     pub prefix: PrefixParams,
 }
 
+/// The prefill budget of each backend (S6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// Learned per backend ([`estimate`]): the backlog its engine drains in a few feedback
+    /// latencies at its measured prefill rate.
+    Auto,
+    /// A fixed number of estimated tokens; 0 = no budget.
+    Tokens(u64),
+}
+
+/// How many blocks each backend's prefix index remembers (S16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexSize {
+    /// Sized from the engine's exported KV capacity (or `default_blocks` when it exports none)
+    /// and calibrated against the hits the engine reports ([`estimate`]).
+    Auto { default_blocks: u32 },
+    /// A fixed number of blocks.
+    Blocks(u32),
+}
+
+impl IndexSize {
+    /// The blocks an index starts with.
+    pub fn initial(self) -> u32 {
+        match self {
+            IndexSize::Auto { default_blocks } => default_blocks,
+            IndexSize::Blocks(blocks) => blocks,
+        }
+    }
+}
+
 /// The S16 parameters of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixParams {
     /// Bytes of prompt text per hashed block.
     pub block_bytes: u32,
     /// Blocks remembered per backend.
-    pub index_blocks: u32,
+    pub index_blocks: IndexSize,
     /// Queued requests looked at per admission.
     pub scan_max: u32,
     /// How much dearer than the cheapest an eligible backend may be and still be taken.
@@ -229,51 +275,11 @@ impl PrefixParams {
     /// SPEC's defaults, with a small index and `wait_max` of 1,000 ticks (tests).
     pub const DEFAULT: PrefixParams = PrefixParams {
         block_bytes: 256,
-        index_blocks: 4096,
+        index_blocks: IndexSize::Blocks(4096),
         scan_max: 64,
         slack_tokens: 2048,
         wait_max: 1000,
     };
-}
-
-impl Params {
-    /// The parameters of `model` (its effective queue) under `upstream`, with durations
-    /// converted at `rate`. The wheel ticks at about a millisecond.
-    ///
-    pub fn for_model(model: &ModelConfig, upstream: &UpstreamConfig, rate: TickRate) -> Params {
-        let queue = &model.queue;
-        let routing = match model.routing {
-            config::Routing::SessionAffinity => Routing::SessionAffinity,
-            config::Routing::LeastInflight => Routing::LeastInflight,
-            config::Routing::RoundRobin => Routing::RoundRobin,
-            config::Routing::PrefixCost => Routing::PrefixCost,
-        };
-        let backends = u16::try_from(model.backends.len()).expect("validated backend count");
-        Params {
-            boost: queue.strategy == Strategy::SessionBoost,
-            routing,
-            backends,
-            queue_timeout: (!queue.timeout.is_zero()).then(|| rate.ticks(queue.timeout)),
-            max_queued: queue.max_queued,
-            inflight_per_backend: queue.inflight_per_backend,
-            prefill_tokens_per_backend: queue.prefill_tokens_per_backend,
-            max_sessions: queue.max_sessions,
-            max_overtakes: queue.max_overtakes,
-            boosted_streak_max: queue.boosted_streak_max,
-            grace_period: rate.ticks(queue.grace_period),
-            max_retries: upstream.max_retries,
-            eject_after_failures: upstream.eject_after_failures,
-            metrics_stale_after: rate.ticks(upstream.metrics_stale_after),
-            timer_resolution: rate.ticks(Duration::from_millis(1)),
-            prefix: PrefixParams {
-                block_bytes: queue.prefix_block_bytes,
-                index_blocks: queue.prefix_index_blocks,
-                scan_max: queue.placement_scan_max,
-                slack_tokens: queue.cost_slack_tokens,
-                wait_max: rate.ticks(queue.affinity_wait_max),
-            },
-        }
-    }
 }
 
 /// Counters, written only by the scheduler thread.
@@ -358,6 +364,8 @@ pub struct Scheduler {
     stats: Stats,
     /// S16 state, for `routing = "prefix-cost"` only.
     prefix: Option<placement::Prefix>,
+    /// What it learned of the model and its backends (issue [8]).
+    learned: Learned,
 }
 
 impl Scheduler {
@@ -374,17 +382,18 @@ impl Scheduler {
         let timers = holds_max + usize::from(params.backends) + 1;
         let prefix = (params.routing == Routing::PrefixCost)
             .then(|| placement::Prefix::new(&params, arena as u32));
+        let mut backends = vec![Backend::NEW; usize::from(params.backends)];
+        for backend in &mut backends {
+            backend.budget = initial_budget(params.prefill_tokens_per_backend);
+        }
         Scheduler {
             prefix,
-            gates: Gates {
-                inflight_per_backend: params.inflight_per_backend,
-                prefill_tokens_per_backend: params.prefill_tokens_per_backend,
-                stale_after: params.metrics_stale_after,
-            },
+            learned: Learned::new(usize::from(params.backends), arena as usize),
+            gates: Gates::of(&params),
             queue: Queue::with_capacity(arena as u32),
             tracker: SessionTracker::with_capacity(params.max_sessions as usize),
             wheel: TimerWheel::new(timers, params.timer_resolution.max(1), now),
-            backends: vec![Backend::NEW; usize::from(params.backends)],
+            backends,
             eligible: vec![false; usize::from(params.backends)],
             holds: HashMap::with_capacity(holds_max),
             holds_max,
@@ -409,8 +418,8 @@ impl Scheduler {
         match input {
             Input::Arrive(arrival) => self.arrive(now, arrival, out),
             Input::Cancel(id) => self.cancel(id),
-            Input::FirstByte(id) => self.first_byte(id),
-            Input::Complete { id, success } => self.complete(now, id, success),
+            Input::FirstByte(id) => self.first_byte(now, id),
+            Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
             Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
             Input::Tick => {}
@@ -449,7 +458,14 @@ impl Scheduler {
         self.fire_timers(now, out);
         self.end_holds();
         let count = usize::from(params.backends);
-        self.backends.resize(count, Backend::NEW);
+        let mut new_backend = Backend::NEW;
+        new_backend.budget = initial_budget(params.prefill_tokens_per_backend);
+        self.backends.resize(count, new_backend);
+        if params.prefill_tokens_per_backend != self.params.prefill_tokens_per_backend {
+            for (backend, prefill) in self.backends.iter_mut().zip(&self.learned.prefill) {
+                backend.budget = budget_of(params.prefill_tokens_per_backend, prefill);
+            }
+        }
         self.eligible.resize(count, false);
         for (backend, &live) in self.backends.iter_mut().zip(live) {
             backend.removed = !live;
@@ -459,6 +475,7 @@ impl Scheduler {
         let arena = u64::from(params.max_queued) + slots;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         self.queue.grow(arena as u32);
+        self.learned.grow(count, arena as usize);
         if let Some(prefix) = &mut self.prefix {
             prefix.grow(&params, arena as u32);
         }
@@ -473,11 +490,7 @@ impl Scheduler {
             (None, Some(new)) => self.queue.arm_all_deadlines(now.saturating_add(new)),
             _ => {}
         }
-        self.gates = Gates {
-            inflight_per_backend: params.inflight_per_backend,
-            prefill_tokens_per_backend: params.prefill_tokens_per_backend,
-            stale_after: params.metrics_stale_after,
-        };
+        self.gates = Gates::of(&params);
         self.params = params;
         self.fire_timers(now, out);
         self.admit_ready(now, out);
@@ -571,7 +584,7 @@ impl Scheduler {
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut entry = Entry::new(id.0, arrival.session, seq, now);
-        entry.prompt_tokens = arrival.prompt_tokens;
+        entry.prompt_bytes = arrival.prompt_bytes;
         entry.streaming = arrival.streaming;
         entry.boost_mark = self.boosted_admits;
         entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
@@ -644,25 +657,31 @@ impl Scheduler {
         index
     }
 
-    fn first_byte(&mut self, id: RequestId) {
+    fn first_byte(&mut self, now: Tick, id: RequestId) {
         let Some(index) = self.admitted(id) else { return };
         let entry = *self.queue.get(index);
-        let tokens = self.backlog_tokens(index);
-        let backend = &mut self.backends[usize::from(entry.backend)];
-        backend.consecutive_failures = 0;
-        if entry.prefill_pending {
-            backend.prefill_tokens -= tokens;
-            self.queue.get_mut(index).prefill_pending = false;
+        let b = usize::from(entry.backend);
+        self.backends[b].consecutive_failures = 0;
+        if !entry.prefill_pending {
+            return;
         }
+        let tokens = u64::from(self.learned.backlog[index as usize]);
+        let backend = &mut self.backends[b];
+        backend.prefill_tokens -= tokens;
+        backend.prefill_pending -= 1;
+        self.queue.get_mut(index).prefill_pending = false;
+        let admitted_at = self.learned.admitted_at[index as usize];
+        self.learned.prefill[b].first_byte(now, admitted_at, tokens);
     }
 
-    fn complete(&mut self, now: Tick, id: RequestId, success: bool) {
+    fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {
         let Some(index) = self.queue.unindex(id.0, |entry| entry.place == Place::Admitted) else {
             self.stats.stale_events += 1;
             return;
         };
         let entry = *self.queue.get(index);
         let mark = self.prompt_mark(index);
+        self.learn_usage(now, &entry, usage);
         self.release_slot(index);
         self.drop_prompt(index);
         self.queue.release(index);
@@ -750,6 +769,13 @@ impl Scheduler {
     }
 
     fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+        let cache = snapshot.cache;
+        let model = &mut self.learned.cache[usize::from(backend)];
+        let capacity_changed =
+            model.snapshot(now, cache.kv_capacity_tokens, cache.prefix_queries, cache.prefix_hits);
+        if capacity_changed || model.calibrate(now) {
+            self.resize_index(backend);
+        }
         let stale_after = self.params.metrics_stale_after;
         let state = &mut self.backends[usize::from(backend)];
         let was_usable = state.usable();
@@ -760,6 +786,17 @@ impl Scheduler {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
+        if let (Budget::Auto, Some(waiting)) = (self.params.prefill_tokens_per_backend, snapshot.waiting) {
+            // Of the engine's waiting requests, as many as warmpath has pending there are
+            // taken to be its own (a request it sent and the engine has not started has no
+            // first byte); the rest are someone else's, and only those gate the backend.
+            let own = waiting.min(state.prefill_pending);
+            state.waiting = Some(waiting - own);
+            let held_back = std::mem::take(&mut state.budget_filled) && self.queue.queued() > 0;
+            let prefill = &mut self.learned.prefill[usize::from(backend)];
+            prefill.engine_queue(now, own, state.prefill_pending, held_back);
+            state.budget = prefill.budget;
+        }
         let is_usable = state.usable();
         let old_timer = state.stale_timer.take();
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
@@ -864,22 +901,42 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         self.count_admission(lane);
-        self.record_placement(now, index, backend);
-        let tokens = self.backlog_tokens(index);
-        let budget_on = self.params.prefill_tokens_per_backend > 0;
+        let tokens = self.record_placement(now, index, backend);
         let entry = self.queue.get_mut(index);
         entry.place = Place::Admitted;
         entry.backend = backend;
-        entry.prefill_pending = entry.streaming && budget_on;
+        entry.prefill_pending = entry.streaming;
         let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
+        let slot = index as usize;
         let state = &mut self.backends[usize::from(backend)];
+        self.learned.admitted_at[slot] = now;
+        self.learned.backlog[slot] = tokens;
         state.inflight += 1;
         if pending {
-            state.prefill_tokens += tokens;
+            state.prefill_tokens += u64::from(tokens);
+            state.prefill_pending += 1;
+            state.budget_filled |= state.budget > 0 && state.prefill_tokens >= state.budget;
         }
         self.inflight += 1;
         self.stats.affinity_hits += u64::from(affinity);
         out.push(Output::Admit { id: RequestId(id), backend, lane, waited, affinity });
+    }
+
+    /// What a completed request's `usage` teaches: tokens per byte, and what the engine found
+    /// cached against what the index predicted.
+    fn learn_usage(&mut self, now: Tick, entry: &Entry, usage: Usage) {
+        if usage.prompt_tokens == 0 {
+            return;
+        }
+        let estimated = u64::from(self.learned.tokens.tokens(entry.prompt_bytes));
+        self.learned.tokens.observe(entry.prompt_bytes, usage.prompt_tokens, now);
+        if usage.cached_tokens != Usage::UNKNOWN_CACHED {
+            let cache = &mut self.learned.cache[usize::from(entry.backend)];
+            cache.usage(usage.prompt_tokens, usage.cached_tokens, estimated);
+            if cache.calibrate(now) {
+                self.resize_index(entry.backend);
+            }
+        }
     }
 
     fn count_admission(&mut self, lane: Lane) {
@@ -898,7 +955,7 @@ impl Scheduler {
 
     /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
     fn release_slot(&mut self, index: u32) {
-        let tokens = self.backlog_tokens(index);
+        let tokens = u64::from(self.learned.backlog[index as usize]);
         let entry = self.queue.get_mut(index);
         let (backend, pending) = (entry.backend, entry.prefill_pending);
         entry.place = Place::Free;
@@ -907,7 +964,24 @@ impl Scheduler {
         state.inflight -= 1;
         if pending {
             state.prefill_tokens -= tokens;
+            state.prefill_pending -= 1;
         }
         self.inflight -= 1;
+    }
+}
+
+/// A new backend's budget: the configured one, or the unlearned start of an `auto` one.
+fn initial_budget(budget: Budget) -> u64 {
+    match budget {
+        Budget::Auto => estimate::BUDGET_UNLEARNED,
+        Budget::Tokens(tokens) => tokens,
+    }
+}
+
+/// A backend's budget under `budget` with what `prefill` has learned (0 = no budget).
+fn budget_of(budget: Budget, prefill: &estimate::Prefill) -> u64 {
+    match budget {
+        Budget::Auto => prefill.budget,
+        Budget::Tokens(tokens) => tokens,
     }
 }

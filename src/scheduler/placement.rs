@@ -43,7 +43,7 @@ use super::prefix::{PrefixIndex, PromptPool, NO_PROMPT};
 use super::queue::NO_BACKEND;
 use super::tracker::PromptMark;
 use super::wheel::TimerKey;
-use super::{Lane, Output, Params, Scheduler, Timer};
+use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
 
 /// The S16 state of a model whose routing is `prefix-cost`.
 #[derive(Debug)]
@@ -53,8 +53,6 @@ pub(super) struct Prefix {
     pub indexes: Vec<PrefixIndex>,
     /// Per arena slot: the prompt-pool slot of the request there, or [`NO_PROMPT`].
     pub prompt_of: Vec<u32>,
-    /// Per arena slot: the tokens the request added to its backend's prefill backlog.
-    pub backlog_of: Vec<u32>,
     /// The fire time and key of the timer that ends the earliest wait, if armed.
     pub timer: Option<(Tick, TimerKey)>,
     /// Scratch: the scan's candidates and the boosted heap's frontier.
@@ -64,6 +62,18 @@ pub(super) struct Prefix {
     /// Scratch: matched blocks per backend for one request.
     matched: Vec<usize>,
 }
+
+/// How much more a token the engine must compute costs than a token of backlog, in a
+/// backend's cost. A token of backlog delays this request; a token computed for lack of a cache
+/// hit delays this request as much *and* takes engine time from everyone after it, and the
+/// prefix it then leaves cached on this backend is the one its next turn will look for. Chosen
+/// by measurement over traces, engine profiles and loads (`perf/RESULTS.md`): weight 1, the
+/// request's own TTFT alone, sent about a fifth of the follow-ups that would have found their
+/// prefix away from it under load.
+pub const CACHE_WEIGHT: u64 = 8;
+
+/// The largest auto-sized prefix index, in blocks (64 MiB of prompt text per backend).
+pub const INDEX_BLOCKS_MAX: u64 = 1 << 18;
 
 /// Buckets of `warmpath_prefix_match_ratio`: the upper bounds of the matched share of a
 /// prompt's blocks at admission, in tenths (the last bucket is 1.0).
@@ -77,10 +87,9 @@ impl Prefix {
         Prefix {
             pool: PromptPool::new(arena),
             indexes: (0..backends)
-                .map(|_| PrefixIndex::with_capacity(params.prefix.index_blocks as usize))
+                .map(|_| PrefixIndex::with_capacity(params.prefix.index_blocks.initial() as usize))
                 .collect(),
             prompt_of: vec![NO_PROMPT; arena as usize],
-            backlog_of: vec![0; arena as usize],
             timer: None,
             candidates: Vec::with_capacity(scan),
             boosted: Vec::with_capacity(scan),
@@ -92,10 +101,9 @@ impl Prefix {
     /// Room for `arena` queue slots and `backends` backends (a live reconfiguration).
     pub fn grow(&mut self, params: &Params, arena: u32) {
         self.prompt_of.resize(arena as usize, NO_PROMPT);
-        self.backlog_of.resize(arena as usize, 0);
         let backends = usize::from(params.backends);
         while self.indexes.len() < backends {
-            self.indexes.push(PrefixIndex::with_capacity(params.prefix.index_blocks as usize));
+            self.indexes.push(PrefixIndex::with_capacity(params.prefix.index_blocks.initial() as usize));
         }
         self.matched.resize(backends, 0);
         let scan = params.prefix.scan_max as usize;
@@ -107,7 +115,6 @@ impl Prefix {
     pub fn heap_bytes(&self) -> usize {
         self.indexes.iter().map(PrefixIndex::heap_bytes).sum::<usize>()
             + self.prompt_of.capacity() * 4
-            + self.backlog_of.capacity() * 4
     }
 }
 
@@ -162,14 +169,6 @@ impl Scheduler {
         }
     }
 
-    /// The tokens admitted entry `index` adds to its backend's prefill backlog.
-    pub(super) fn backlog_tokens(&self, index: u32) -> u64 {
-        match &self.prefix {
-            Some(prefix) => u64::from(prefix.backlog_of[index as usize]),
-            None => u64::from(self.queue.get(index).prompt_tokens),
-        }
-    }
-
     /// Fills `prefix.matched` with the blocks of `index`'s prompt each backend holds; returns
     /// the prompt's block count.
     fn match_prompt(&mut self, index: u32) -> usize {
@@ -188,24 +187,37 @@ impl Scheduler {
         })
     }
 
+    /// The estimated prompt tokens of entry `index`, at the learned tokens per byte.
+    pub(super) fn prompt_tokens(&self, index: u32) -> u64 {
+        u64::from(self.learned.tokens.tokens(self.queue.get(index).prompt_bytes))
+    }
+
+    /// The estimated tokens of `blocks` prompt blocks.
+    fn block_tokens(&self, blocks: usize) -> u64 {
+        let bytes = blocks as u64 * u64::from(self.params.prefix.block_bytes);
+        u64::from(self.learned.tokens.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
+    }
+
     /// What `backend` would compute of entry `index`'s prompt, by the last [`match_prompt`].
     fn uncached(&self, index: u32, backend: usize) -> u64 {
         let prefix = self.prefix.as_ref().expect("prefix-cost state");
-        let cached = prefix.matched[backend] as u64 * u64::from(self.params.prefix.block_bytes) / 4;
-        u64::from(self.queue.get(index).prompt_tokens).saturating_sub(cached)
+        self.prompt_tokens(index).saturating_sub(self.block_tokens(prefix.matched[backend]))
     }
 
-    /// At the binding of entry `index` to `backend`: its backlog share, the match-ratio
-    /// observation, and the index update.
-    pub(super) fn record_placement(&mut self, now: Tick, index: u32, backend: u16) {
+    /// At the binding of entry `index` to `backend`: the tokens it adds to the backend's
+    /// prefill backlog (its uncached estimate under prefix-cost, its whole prompt otherwise),
+    /// and under prefix-cost the match-ratio observation and the index update.
+    pub(super) fn record_placement(&mut self, now: Tick, index: u32, backend: u16) -> u32 {
+        let tokens = self.prompt_tokens(index);
         if self.prefix.is_none() {
-            return;
+            self.learned.cache[usize::from(backend)].placed(tokens, 0);
+            return u32::try_from(tokens).unwrap_or(u32::MAX);
         }
         let blocks = self.match_prompt(index);
         let uncached = self.uncached(index, usize::from(backend));
+        self.learned.cache[usize::from(backend)].placed(tokens, tokens - uncached);
         let prefix = self.prefix.as_mut().expect("checked");
         let matched = prefix.matched[usize::from(backend)];
-        prefix.backlog_of[index as usize] = u32::try_from(uncached).unwrap_or(u32::MAX);
         let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
         self.stats.match_ratio[bucket.min(MATCH_BUCKETS - 1)] += 1;
         self.stats.match_ratio_sum_milli +=
@@ -214,6 +226,32 @@ impl Scheduler {
         if slot != NO_PROMPT {
             let index = &mut prefix.indexes[usize::from(backend)];
             prefix.pool.with(slot, |hashes| index.insert(hashes, now));
+        }
+        u32::try_from(uncached).unwrap_or(u32::MAX)
+    }
+
+    /// Sizes `backend`'s prefix index to what its engine holds (`prefix_index_blocks =
+    /// "auto"`): the exported KV capacity in prompt blocks at the learned tokens per byte, or
+    /// the configured default, times the calibrated scale. Rebuilt (an allocation, off the
+    /// per-request path: at most once per snapshot or calibration period) only when the size
+    /// changes by more than an eighth.
+    pub(super) fn resize_index(&mut self, backend: u16) {
+        let IndexSize::Auto { default_blocks } = self.params.prefix.index_blocks else { return };
+        let Some(prefix) = &mut self.prefix else { return };
+        let cache = &self.learned.cache[usize::from(backend)];
+        let block_bytes = u64::from(self.params.prefix.block_bytes);
+        let nominal = match cache.kv_capacity_tokens {
+            0 => u64::from(default_blocks),
+            tokens => {
+                let block_tokens = u64::from(self.learned.tokens.tokens(block_bytes as u32)).max(1);
+                tokens.div_ceil(block_tokens)
+            }
+        };
+        let target = cache.index_blocks(nominal).min(INDEX_BLOCKS_MAX);
+        let index = &mut prefix.indexes[usize::from(backend)];
+        let current = index.capacity() as u64;
+        if target.abs_diff(current) * 8 > current {
+            index.resize(target as usize);
         }
     }
 
@@ -241,22 +279,36 @@ impl Scheduler {
         for at in 0..count {
             let (index, lane) = self.prefix.as_ref().expect("checked").candidates[at];
             let entry = *self.queue.get(index);
-            let patient = matches!(lane, Lane::Retry | Lane::Forced)
-                || now.saturating_sub(entry.arrived_at) >= wait_max;
             let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
             self.match_prompt(index);
             let Some((cheapest, best)) = self.cheapest(index, avoid) else { continue };
-            if patient
-                || best.0 == cheapest.0
-                || best.1 <= cheapest.1 + self.params.prefix.slack_tokens
-            {
+            if best.0 == cheapest.0 || matches!(lane, Lane::Retry | Lane::Forced) {
+                return Some((index, lane, best.0));
+            }
+            // The prefill the eligible backend would do that the cheapest one would not.
+            let lost = self
+                .uncached(index, usize::from(best.0))
+                .saturating_sub(self.uncached(index, usize::from(cheapest.0)));
+            if lost <= self.params.prefix.slack_tokens {
+                return Some((index, lane, best.0));
+            }
+            // Worth waiting for as long as that prefill, weighted as in the cost, takes there.
+            let rate = self.learned.prefill[usize::from(best.0)].rate;
+            let wait = match rate {
+                (0, _) => wait_max,
+                (tokens, ticks) => {
+                    let t = u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    u64::try_from(t).unwrap_or(u64::MAX).min(wait_max)
+                }
+            };
+            if now.saturating_sub(entry.arrived_at) >= wait {
                 return Some((index, lane, best.0));
             }
             if !entry.placement_waited {
                 self.queue.get_mut(index).placement_waited = true;
                 self.stats.placement_waits += 1;
             }
-            let ends = entry.arrived_at.saturating_add(wait_max);
+            let ends = entry.arrived_at.saturating_add(wait);
             earliest = Some(earliest.map_or(ends, |e: Tick| e.min(ends)));
         }
         if let Some(at) = earliest {
@@ -268,9 +320,11 @@ impl Scheduler {
     /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for
     /// entry `index` after [`match_prompt`]; `avoid` only when nothing else qualifies.
     fn cheapest(&self, index: u32, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
+        let fastest = self.fastest_rate();
         let rank = |b: usize| {
             let backend = &self.backends[b];
-            (backend.prefill_tokens + self.uncached(index, b), backend.inflight)
+            let work = backend.prefill_tokens + CACHE_WEIGHT * self.uncached(index, b);
+            (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {
             let mut best: Option<(usize, (u64, u32))> = None;
@@ -288,6 +342,21 @@ impl Scheduler {
         let cheapest = pick(&|b| usable(b) && not_avoided(b)).or_else(|| pick(&usable))?;
         let best = pick(&|b| eligible(b) && not_avoided(b)).or_else(|| pick(&eligible))?;
         Some((cheapest, best))
+    }
+
+    /// The fastest learned prefill rate among the backends, `(0, 0)` when none is known.
+    fn fastest_rate(&self) -> (u64, u64) {
+        let mut fastest = (0, 0);
+        for prefill in &self.learned.prefill {
+            if prefill.rate.0 > 0
+                && (fastest.0 == 0
+                    || u128::from(prefill.rate.0) * u128::from(fastest.1)
+                        > u128::from(fastest.0) * u128::from(prefill.rate.1))
+            {
+                fastest = prefill.rate;
+            }
+        }
+        fastest
     }
 
     /// The scan's candidates, in S3 order, at most `placement_scan_max`.
@@ -332,6 +401,17 @@ impl Scheduler {
         let key = self.wheel.insert(at, Timer::Placement);
         self.prefix.as_mut().expect("checked").timer = Some((at, key));
     }
+}
+
+/// `work` tokens on a backend of prefill rate `rate`, expressed in tokens of the `fastest`
+/// backend's time: `work × fastest / rate`. Unknown rates count as the fastest.
+fn at_rate(work: u64, rate: (u64, u64), fastest: (u64, u64)) -> u64 {
+    if rate.0 == 0 || fastest.0 == 0 {
+        return work;
+    }
+    let scaled = u128::from(work) * u128::from(fastest.0) * u128::from(rate.1)
+        / (u128::from(fastest.1) * u128::from(rate.0));
+    u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -1,10 +1,19 @@
 //! Per-backend state, the admission gates of S6 and the backend choice of S7.
 //!
 //! A backend is *eligible* when it is healthy and not ejected, has a free slot (inflight plus
-//! grace holds below `inflight_per_backend`), has no fresh waiting-queue gauge above zero, and
-//! its prefill backlog is below `prefill_tokens_per_backend`. Eligibility reads `now` only to
-//! decide whether a scraped gauge is still fresh; a wheel timer fires when a positive gauge goes
-//! stale so that admission is re-evaluated then (SPEC section 9, defect 1).
+//! grace holds below `inflight_per_backend`), has no fresh waiting-queue gauge above zero that
+//! counts against it, and its prefill backlog is below its budget (fixed, or learned by
+//! [`super::estimate`]). Eligibility reads `now` only to decide whether a scraped gauge is still
+//! fresh; a wheel timer fires when a positive gauge goes stale so that admission is
+//! re-evaluated then (SPEC section 9, defect 1).
+//!
+//! The waiting gauge (S6.2) under a learned budget: an engine's waiting queue holds the
+//! prefills warmpath itself sent and the engine has not started yet, which a budget of more than
+//! one step of prefill always leaves there. So while warmpath has streaming requests awaiting
+//! their first byte on a backend, the budget governs it and its gauge is not read; a positive
+//! gauge closes a backend only when warmpath has nothing pending there (the queue is someone
+//! else's: another router, a direct client, warmpath's own non-streaming requests, which give
+//! no first-byte signal). With a fixed budget S6.2 applies as SPEC states it.
 
 use crate::clock::Tick;
 
@@ -84,6 +93,13 @@ pub(crate) struct Backend {
     pub holds: u32,
     /// Estimated prompt tokens of admitted streaming requests without a first body byte (S6.3).
     pub prefill_tokens: u64,
+    /// How many requests those are.
+    pub prefill_pending: u32,
+    /// The prefill budget: `prefill_tokens` must be below it; 0 = no budget.
+    pub budget: u64,
+    /// The backlog reached the budget since the last snapshot.
+    pub budget_filled: bool,
+
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
     /// Fires when a positive waiting gauge goes stale.
@@ -102,6 +118,9 @@ impl Backend {
         inflight: 0,
         holds: 0,
         prefill_tokens: 0,
+        prefill_pending: 0,
+        budget: 0,
+        budget_filled: false,
         waiting: None,
         scraped_at: 0,
         stale_timer: None,
@@ -120,22 +139,27 @@ impl Backend {
     }
 }
 
-/// The limits the gates apply.
+/// The limits the gates apply (the budgets are per backend, in [`Backend::budget`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gates {
     pub inflight_per_backend: u32,
-    pub prefill_tokens_per_backend: u64,
     pub stale_after: Tick,
 }
 
 impl Gates {
+    pub fn of(params: &super::Params) -> Gates {
+        Gates {
+            inflight_per_backend: params.inflight_per_backend,
+            stale_after: params.metrics_stale_after,
+        }
+    }
+
     /// S6 (b): whether `backend` can take one more request at `now`.
     pub fn eligible(&self, backend: &Backend, now: Tick) -> bool {
         backend.usable()
             && backend.inflight + backend.holds < self.inflight_per_backend
             && backend.fresh_waiting(now, self.stale_after).is_none_or(|waiting| waiting == 0)
-            && (self.prefill_tokens_per_backend == 0
-                || backend.prefill_tokens < self.prefill_tokens_per_backend)
+            && (backend.budget == 0 || backend.prefill_tokens < backend.budget)
     }
 }
 

@@ -115,6 +115,20 @@ impl PrefixIndex {
         self.blocks.len()
     }
 
+    /// The most blocks it holds.
+    pub fn capacity(&self) -> usize {
+        self.blocks.capacity()
+    }
+
+    /// Rebuilds the index to hold at most `capacity` blocks (an allocation: call it off the
+    /// per-request path). The blocks held are re-inserted from the CLOCK hand on, the least
+    /// recently inserted first, so a smaller index keeps the most recent ones.
+    pub fn resize(&mut self, capacity: usize) {
+        let mut blocks = SessionTracker::with_capacity(capacity.max(1));
+        self.blocks.for_each_from_hand(|hash, at| blocks.complete(hash, at, 0));
+        self.blocks = blocks;
+    }
+
     /// Whether no block is held.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()

@@ -60,8 +60,9 @@ pub(crate) struct Entry {
     pub boost_mark: u64,
     /// Queue deadline while queued with one, else [`NO_DEADLINE`].
     pub deadline: Tick,
-    /// Estimated prompt tokens (body bytes / 4), for the prefill backlog (S6.3).
-    pub prompt_tokens: u32,
+    /// Bytes of the request body: its prompt tokens are estimated from them at admission,
+    /// at the model's learned tokens per byte (S6.3).
+    pub prompt_bytes: u32,
     /// The admitted backend; for a request in the retry lane, the backend that failed.
     pub backend: u16,
     /// The backend of the session's last completed turn when the request arrived (S7).
@@ -86,7 +87,7 @@ impl Entry {
         arrived_at: 0,
         boost_mark: 0,
         deadline: NO_DEADLINE,
-        prompt_tokens: 0,
+        prompt_bytes: 0,
         backend: NO_BACKEND,
         home: NO_BACKEND,
         place: Place::Free,

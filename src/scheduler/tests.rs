@@ -614,36 +614,6 @@ proptest! {
 }
 
 #[test]
-fn params_follow_the_model_configuration() {
-    let text = r#"
-        [queue]
-        max_overtakes = 3
-        [upstream]
-        max_retries = 1
-        [[model]]
-        name = "m"
-        routing = "round-robin"
-        backends = ["127.0.0.1:1", "127.0.0.1:2"]
-        [model.queue]
-        strategy = "fifo"
-        timeout = "0"
-        grace_period = "50ms"
-    "#;
-    let config = crate::config::Config::from_toml_str(text).expect("valid");
-    let p = Params::for_model(&config.models[0], &config.upstream, crate::clock::TickRate::NANOS);
-    assert!(!p.boost);
-    assert_eq!(p.routing, Routing::RoundRobin);
-    assert_eq!(p.backends, 2);
-    assert_eq!(p.queue_timeout, None, "0 = no deadline");
-    assert_eq!(p.grace_period, 50_000_000);
-    assert_eq!(p.max_overtakes, 3, "the [queue] default reaches the model");
-    assert_eq!(p.max_retries, 1);
-    assert_eq!(p.inflight_per_backend, 256);
-    assert_eq!(p.timer_resolution, 1_000_000);
-    Scheduler::new(p, 0).check_invariants();
-}
-
-#[test]
 fn memory_per_queued_request_and_per_session() {
     // The default configuration's shape: 65,536 queued, 2 backends of 256 slots, 4,096 sessions.
     let mut p = params();

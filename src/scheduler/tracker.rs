@@ -174,6 +174,15 @@ impl SessionTracker {
         });
     }
 
+    /// Calls `f(session, completion tick)` for every session held, in slot order from the
+    /// CLOCK hand on (the oldest insertions first once the tracker has been full).
+    pub fn for_each_from_hand(&self, mut f: impl FnMut(u64, u64)) {
+        let (len, hand) = (self.slots.len(), self.hand as usize);
+        for i in (hand..len).chain(0..hand.min(len)) {
+            f(self.slots[i].session, self.slots[i].at);
+        }
+    }
+
     /// The number of sessions held.
     pub fn len(&self) -> usize {
         self.slots.len()

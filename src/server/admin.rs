@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::scheduler::thread::Report;
+use crate::config::Setting;
 use crate::scheduler::Lane;
 
 use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
@@ -551,7 +552,7 @@ pub fn debug_queue(shared: &Shared) -> serde_json::Value {
                     "strategy": q.strategy.name(),
                     "max_queued": q.max_queued,
                     "inflight_per_backend": q.inflight_per_backend,
-                    "prefill_tokens_per_backend": q.prefill_tokens_per_backend,
+                    "prefill_tokens_per_backend": setting_json(q.prefill_tokens_per_backend),
                     "timeout_ms": q.timeout.as_millis() as u64,
                     "max_overtakes": q.max_overtakes,
                     "boosted_streak_max": q.boosted_streak_max,
@@ -563,6 +564,14 @@ pub fn debug_queue(shared: &Shared) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({ "models": models })
+}
+
+/// A setting as JSON: the string `"auto"` or its value.
+fn setting_json<T: Into<serde_json::Value>>(setting: Setting<T>) -> serde_json::Value {
+    match setting {
+        Setting::Auto => "auto".into(),
+        Setting::Fixed(value) => value.into(),
+    }
 }
 
 /// `GET /debug/backends`.

@@ -15,15 +15,18 @@ use std::sync::{Arc, Mutex};
 
 use hashbrown::HashMap;
 
+use std::time::Duration;
+
 use crate::clock::{Clock, TickRate};
-use crate::config::{Config, ModelConfig};
+use crate::config::{self, Config, ModelConfig, Setting, Strategy, UpstreamConfig};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::protocol::Limits;
 use crate::ring::Ring;
 use crate::scheduler::prefix::PromptPool;
 use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
-use crate::scheduler::{Params, Scheduler};
+use crate::scheduler::estimate::INDEX_DEFAULT_BLOCKS;
+use crate::scheduler::{Budget, IndexSize, Params, PrefixParams, Routing, Scheduler};
 
 use super::{ShardHost, ShardRing, RING_CAPACITY};
 
@@ -151,7 +154,7 @@ impl Generation {
     /// whole table's, removed backends included).
     pub fn params(&self, index: usize, rate: TickRate) -> Params {
         let model = &self.models[index];
-        let mut params = Params::for_model(&model.config, &self.config.upstream, rate);
+        let mut params = scheduler_params(&model.config, &self.config.upstream, rate);
         params.backends = u16::try_from(model.backends.len()).expect("BACKENDS_MAX fits u16");
         params
     }
@@ -184,6 +187,49 @@ impl Generation {
     }
 }
 
+/// The scheduler parameters of `model` (its effective queue) under `upstream`, with durations
+/// converted at `rate`; the wheel ticks at about a millisecond.
+pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: TickRate) -> Params {
+    let queue = &model.queue;
+    let routing = match model.routing {
+        config::Routing::SessionAffinity => Routing::SessionAffinity,
+        config::Routing::LeastInflight => Routing::LeastInflight,
+        config::Routing::RoundRobin => Routing::RoundRobin,
+        config::Routing::PrefixCost => Routing::PrefixCost,
+    };
+    let backends = u16::try_from(model.backends.len()).expect("validated backend count");
+    Params {
+        boost: queue.strategy == Strategy::SessionBoost,
+        routing,
+        backends,
+        queue_timeout: (!queue.timeout.is_zero()).then(|| rate.ticks(queue.timeout)),
+        max_queued: queue.max_queued,
+        inflight_per_backend: queue.inflight_per_backend,
+        prefill_tokens_per_backend: match queue.prefill_tokens_per_backend {
+            Setting::Auto => Budget::Auto,
+            Setting::Fixed(tokens) => Budget::Tokens(tokens),
+        },
+        max_sessions: queue.max_sessions,
+        max_overtakes: queue.max_overtakes,
+        boosted_streak_max: queue.boosted_streak_max,
+        grace_period: rate.ticks(queue.grace_period),
+        max_retries: upstream.max_retries,
+        eject_after_failures: upstream.eject_after_failures,
+        metrics_stale_after: rate.ticks(upstream.metrics_stale_after),
+        timer_resolution: rate.ticks(Duration::from_millis(1)),
+        prefix: PrefixParams {
+            block_bytes: queue.prefix_block_bytes,
+            index_blocks: match queue.prefix_index_blocks {
+                Setting::Auto => IndexSize::Auto { default_blocks: INDEX_DEFAULT_BLOCKS },
+                Setting::Fixed(blocks) => IndexSize::Blocks(blocks),
+            },
+            scan_max: queue.placement_scan_max,
+            slack_tokens: queue.cost_slack_tokens,
+            wait_max: rate.ticks(queue.affinity_wait_max),
+        },
+    }
+}
+
 /// A model's entry and scheduler, with its configured backends resolved.
 fn new_model(
     model: &ModelConfig,
@@ -197,7 +243,7 @@ fn new_model(
         .iter()
         .map(|authority| resolve(&model.name, authority))
         .collect::<Result<Vec<_>, _>>()?;
-    let params = Params::for_model(model, &config.upstream, clock.rate());
+    let params = scheduler_params(model, &config.upstream, clock.rate());
     let scheduler = Scheduler::new(params, clock.now());
     let prompts = scheduler.prompt_pool();
     let waker = InboxWaker::Loop(Arc::clone(rings[home].waker()));
@@ -269,4 +315,41 @@ fn models_json(models: &[Model]) -> Vec<u8> {
         .collect();
     serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
         .expect("serialising a JSON value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_follow_the_model_configuration() {
+        let text = r#"
+            [queue]
+            max_overtakes = 3
+            [upstream]
+            max_retries = 1
+            [[model]]
+            name = "m"
+            routing = "round-robin"
+            backends = ["127.0.0.1:1", "127.0.0.1:2"]
+            [model.queue]
+            strategy = "fifo"
+            timeout = "0"
+            grace_period = "50ms"
+        "#;
+        let config = crate::config::Config::from_toml_str(text).expect("valid");
+        let p = scheduler_params(&config.models[0], &config.upstream, crate::clock::TickRate::NANOS);
+        assert!(!p.boost);
+        assert_eq!(p.routing, Routing::RoundRobin);
+        assert_eq!(p.backends, 2);
+        assert_eq!(p.queue_timeout, None, "0 = no deadline");
+        assert_eq!(p.grace_period, 50_000_000);
+        assert_eq!(p.max_overtakes, 3, "the [queue] default reaches the model");
+        assert_eq!(p.max_retries, 1);
+        assert_eq!(p.inflight_per_backend, 256);
+        assert_eq!(p.timer_resolution, 1_000_000);
+        assert_eq!(p.prefill_tokens_per_backend, Budget::Auto, "auto by default");
+        assert_eq!(p.prefix.index_blocks, IndexSize::Auto { default_blocks: INDEX_DEFAULT_BLOCKS });
+        Scheduler::new(p, 0).check_invariants();
+    }
 }

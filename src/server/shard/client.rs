@@ -290,7 +290,7 @@ impl Shard {
         let arrival = Arrival {
             id,
             session,
-            prompt_tokens: u32::try_from(body_len / 4).unwrap_or(u32::MAX),
+            prompt_bytes: u32::try_from(body_len).unwrap_or(u32::MAX),
             streaming: req.streaming,
             prompt,
         };
@@ -507,7 +507,7 @@ impl Shard {
         if let (Some(admission), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
             let _ = admission;
-            self.send(model, Input::Complete { id: req.id, success });
+            self.send(model, Input::Complete { id: req.id, success, usage: Usage::NONE });
         }
         if let Some(model) = req.model {
             let elapsed = self.rate.duration(now.saturating_sub(req.started));
@@ -571,10 +571,10 @@ impl Shard {
                 (Phase::Upstream(up), Some(model)) => {
                     ShardMetrics::bump(&self.metrics.clients_gone);
                     self.close_upstream(up);
-                    self.send(model, Input::Complete { id: req.id, success: false });
+                    self.send(model, Input::Complete { id: req.id, success: false, usage: Usage::NONE });
                 }
                 (Phase::Done, Some(model)) if req.admission.is_some() => {
-                    self.send(model, Input::Complete { id: req.id, success: false });
+                    self.send(model, Input::Complete { id: req.id, success: false, usage: Usage::NONE });
                 }
                 _ => {}
             }

@@ -44,7 +44,7 @@ use crate::protocol::{
 };
 use crate::scheduler::prefix::{PromptPool, NO_PROMPT};
 use crate::scheduler::wheel::{TimerKey, TimerWheel};
-use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId};
+use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId, Usage};
 
 use super::access_log::{self, Outcome, ShardLog};
 use super::metrics::{ShardMetrics, UpstreamError};

@@ -1,0 +1,575 @@
+//! What the scheduler learns online about its model and each backend (issue [8]), so that the
+//! operator does not have to: how many tokens a byte of prompt is, how fast each engine
+//! prefills, how long its feedback loop is, the admission budget that follows from both, and
+//! how much of its prompts the prefix index should remember.
+//!
+//! Everything here is sans-IO and deterministic, like the rest of the scheduler: it is fed
+//! the events the scheduler already sees (an admission, a first response byte, a completion
+//! with the engine's `usage`, a control-thread snapshot), stamped with their tick, and it uses
+//! integer arithmetic only, so that the scheduler's reference model can restate it exactly.
+//! Nothing allocates after construction; the work per event is a handful of additions, and a
+//! window of [`WINDOW_EVENTS`] first bytes closes with one pass over [`RATE_WINDOWS`] and
+//! [`LATENCY_SAMPLES`] values.
+//!
+//! ## Tokens per byte ([`TokenRate`], per model)
+//!
+//! The backlog is counted in tokens but a request arrives as bytes. Each completion whose
+//! response carried `usage.prompt_tokens` adds (body bytes, prompt tokens) to two sums; an
+//! estimate is `bytes × tokens / bytes`. When the byte sum passes [`TOKEN_RATE_HORIZON`] both
+//! sums are halved, so the ratio follows a change of client or tokenizer within a few
+//! megabytes of traffic. Until the first sample the ratio is 1 token per 4 bytes (OpenAI's
+//! rule of thumb for English text, and SPEC S6.3's former constant).
+//!
+//! ## Prefill rate and feedback latency ([`Prefill`], per backend)
+//!
+//! The engine's prefill throughput is measured the way BBR measures a path's bottleneck
+//! bandwidth (Cardwell, Cheng, Gunn, Hassas Yeganeh, Jacobson, "BBR: Congestion-Based
+//! Congestion Control", ACM Queue 14(5), 2016): as a *delivery rate* over intervals in which
+//! the engine had work, with a windowed maximum so that intervals in which warmpath fed it too
+//! little do not drag the estimate down. Here a unit delivered is a prompt token whose prefill
+//! finished, which the router sees as the request's first response byte:
+//! - while a backend has streaming requests awaiting their first byte, the time since the last
+//!   first byte (or since the admission that started the busy period) is *busy time*;
+//! - each first byte adds its request's estimated uncached tokens to the window's tokens and
+//!   the busy time since the previous event to its time; after [`WINDOW_EVENTS`] first bytes
+//!   the window closes as one sample `(tokens, ticks)`;
+//! - the rate is the highest of the last [`RATE_WINDOWS`] samples (compared by
+//!   cross-multiplication, exactly); so a step change down in engine speed is followed within
+//!   `RATE_WINDOWS` windows, one up at once.
+//!
+//! Idle periods add nothing (no busy time, no tokens). A request's whole prompt counts at its
+//! first byte although the engine computed it in chunks, and the first byte reaches the router
+//! a network trip after the engine's step ended: both average out over a window of several
+//! requests, which is why samples are windows rather than single requests. Decode interference
+//! (long steps because many sequences decode) lowers the measured rate, as it should: it is
+//! the rate at which this engine, as loaded, clears prefill.
+//!
+//! The *feedback latency* is what a first byte takes beyond the work in front of it: for each
+//! request, `ttfb − (work ahead at admission + its own work) / rate`, where the work ahead is
+//! the backend's backlog when it was admitted. It holds the two network trips, the wait for the
+//! engine's running step to end and the step-time overheads: everything the router cannot make
+//! shorter by sending work sooner. The estimate is the median of the last [`LATENCY_SAMPLES`]
+//! such residuals (a median, not BBR's minimum: under load every request waits for a running
+//! step, and the budget must cover that typical wait, not the best case).
+//!
+//! ## The admission budget (per backend)
+//!
+//! A backend is eligible while its prefill backlog (estimated uncached tokens of admitted
+//! streaming requests without a first byte, SPEC S6.3) is below its budget. With `auto`, the
+//! budget is the backlog the engine drains in [`BUDGET_GAIN`] feedback latencies at its learned
+//! rate: `budget = BUDGET_GAIN × rate × latency`, BBR's in-flight cap of `gain × bandwidth ×
+//! RTT` with prefill in place of bytes. Enough for the engine never to run dry while the next
+//! admission travels to it, and no more: the rest of the queue stays in warmpath, where it is
+//! ordered (session boost) and placed (prefix cost). If the engine slows down (decode load,
+//! another client, a KV cache too small to start more requests), first bytes come later, the
+//! rate falls and the budget with it; if the network trip grows, the latency and the budget
+//! grow. Until both estimates exist the budget is [`BUDGET_UNLEARNED`]. The rule that a backend
+//! with nothing pending always takes one request (S6.3) stays: it is what lets a prompt larger
+//! than the budget through, and what lets a backend that has never been measured be measured.
+//!
+//! ## KV capacity and the prefix index (per backend)
+//!
+//! The prefix index remembers the prompts sent to a backend so that placement can predict what
+//! the engine still holds; it should remember about as much as the engine's KV cache does. An
+//! engine that exports its capacity (vLLM's `cache_config_info`, SGLang's
+//! `max_total_num_tokens`) gives it in tokens; converted at the learned tokens per byte it is
+//! the index's *nominal* size in blocks. How much of its capacity an engine keeps for finished
+//! prompts depends on its load and its eviction order, so the size is then calibrated against
+//! what the engine reports it found cached: over [`CALIBRATION_TOKENS`] of prompt, the tokens
+//! the index predicted cached are compared with the tokens the engine says were
+//! (`usage.prompt_tokens_details.cached_tokens` per request, or the difference of its
+//! prefix-cache counters between snapshots); an index that predicts markedly more than the
+//! engine found (it remembers what the engine has evicted) shrinks by a quarter, one that
+//! predicts markedly less grows by a quarter, within [`INDEX_SCALE_MIN`]–[`INDEX_SCALE_MAX`]
+//! times its nominal size. With no exported capacity the calibration starts from the configured
+//! default. This is the "learned from hits and misses" path of issue [8].
+
+use crate::clock::Tick;
+
+/// First bytes per rate sample.
+pub const WINDOW_EVENTS: u32 = 8;
+/// Rate samples in the windowed maximum.
+pub const RATE_WINDOWS: usize = 8;
+/// Warmpath's requests the budget aims to keep waiting (not started) in an engine's queue:
+/// one, so that the engine has its next prefill when a running one finishes, and no more, so
+/// that the rest of the queue is ordered in warmpath.
+pub const WAITING_TARGET: u32 = 1;
+/// Bounds of a learned budget, estimated tokens.
+pub const BUDGET_MIN: u64 = 1024;
+pub const BUDGET_MAX: u64 = 1 << 24;
+/// The budget, in estimated tokens, before the rate and latency of a backend are known.
+pub const BUDGET_UNLEARNED: u64 = 16_384;
+/// Body bytes after which the token-rate sums are halved.
+pub const TOKEN_RATE_HORIZON: u64 = 1 << 24;
+/// Prompt tokens per calibration of the prefix index's size.
+pub const CALIBRATION_TOKENS: u64 = 1 << 20;
+/// Bounds of the index's size, in quarters of its nominal size (0.5x to 8x).
+pub const INDEX_SCALE_MIN: u32 = 2;
+pub const INDEX_SCALE_MAX: u32 = 32;
+/// The nominal size of an auto-sized index, in blocks, until its engine exports a capacity
+/// (2 MiB of prompt text, about half a million tokens: a mid-size engine's KV cache).
+pub const INDEX_DEFAULT_BLOCKS: u32 = 8_192;
+/// The index's starting size, in quarters of its nominal size (2x).
+pub const INDEX_SCALE_START: u32 = 8;
+
+/// Tokens per byte of request body, learned from responses' `usage.prompt_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRate {
+    tokens: u64,
+    bytes: u64,
+    /// Samples taken, and the tick of the last one.
+    pub samples: u64,
+    pub updated_at: Tick,
+}
+
+impl TokenRate {
+    /// Nothing learned: 1 token per 4 bytes.
+    pub const NEW: TokenRate = TokenRate { tokens: 1, bytes: 4, samples: 0, updated_at: 0 };
+
+    /// A completed request had `bytes` of body and `tokens` of prompt by the engine's count.
+    pub fn observe(&mut self, bytes: u32, tokens: u32, now: Tick) {
+        if bytes == 0 || tokens == 0 {
+            return;
+        }
+        if self.samples == 0 {
+            (self.tokens, self.bytes) = (0, 0);
+        }
+        self.tokens += u64::from(tokens);
+        self.bytes += u64::from(bytes);
+        while self.bytes > TOKEN_RATE_HORIZON {
+            self.tokens = self.tokens.div_ceil(2);
+            self.bytes = self.bytes.div_ceil(2);
+        }
+        self.samples += 1;
+        self.updated_at = now;
+    }
+
+    /// The estimated tokens of a body of `bytes` (at least 1 for a non-empty body).
+    pub fn tokens(&self, bytes: u32) -> u32 {
+        let estimate = u64::from(bytes) * self.tokens / self.bytes.max(1);
+        u32::try_from(estimate).unwrap_or(u32::MAX).max(u32::from(bytes > 0))
+    }
+
+    /// Tokens per byte, in millionths (for reports).
+    pub fn per_byte_micro(&self) -> u64 {
+        self.tokens * 1_000_000 / self.bytes.max(1)
+    }
+}
+
+/// One backend's measured prefill rate and its learned admission budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prefill {
+    /// When the last first byte from this backend arrived.
+    last_first_byte: Tick,
+    window_tokens: u64,
+    window_ticks: u64,
+    window_events: u32,
+    /// Closed windows, a ring: `(tokens, ticks)`.
+    windows: [(u64, u64); RATE_WINDOWS],
+    windows_next: usize,
+    windows_len: usize,
+    /// The median of `windows`: the rate is `rate.0 / rate.1` tokens per tick; `(0, 0)`
+    /// until the first window closes.
+    pub rate: (u64, u64),
+    pub rate_at: Tick,
+    /// The budget in force under `auto`, estimated tokens, and when it last changed.
+    pub budget: u64,
+    pub budget_at: Tick,
+}
+
+impl Prefill {
+    pub const NEW: Prefill = Prefill {
+        last_first_byte: 0,
+        window_tokens: 0,
+        window_ticks: 0,
+        window_events: 0,
+        windows: [(0, 0); RATE_WINDOWS],
+        windows_next: 0,
+        windows_len: 0,
+        rate: (0, 0),
+        rate_at: 0,
+        budget: BUDGET_UNLEARNED,
+        budget_at: 0,
+    };
+
+    /// The first byte of a request of `tokens` estimated tokens, admitted at `admitted_at`,
+    /// arrived at `now`.
+    pub fn first_byte(&mut self, now: Tick, admitted_at: Tick, tokens: u64) {
+        // A request admitted before the previous first byte was waiting at the engine when the
+        // previous one finished: the time since then is its service, with no idle time in it.
+        if admitted_at < self.last_first_byte {
+            self.window_tokens += tokens;
+            self.window_ticks += now - self.last_first_byte;
+            self.window_events += 1;
+            if self.window_events >= WINDOW_EVENTS {
+                self.close_window(now);
+            }
+        }
+        self.last_first_byte = now;
+    }
+
+    /// A snapshot at `now` says `waiting` of warmpath's `pending` streaming requests on this
+    /// engine have not been started by it; `held_back`: the backlog reached the budget since the
+    /// last snapshot and warmpath's queue still holds requests. Moves the budget so that the
+    /// engine keeps [`WAITING_TARGET`] of warmpath's requests waiting.
+    pub fn engine_queue(&mut self, now: Tick, waiting: u32, pending: u32, held_back: bool) {
+        if !held_back {
+            return;
+        }
+        let old = self.budget;
+        if waiting < WAITING_TARGET && pending >= WAITING_TARGET + 1 {
+            // Every request sent is running: the engine could take more than the budget
+            // lets through, and would run dry when they finish.
+            self.budget = (old + old.div_ceil(4)).min(BUDGET_MAX);
+        } else if waiting > WAITING_TARGET {
+            // More is waiting inside the engine, in its arrival order, than it needs.
+            self.budget = (old - old / 8).max(BUDGET_MIN);
+        }
+        if self.budget != old {
+            self.budget_at = now;
+        }
+    }
+
+    fn close_window(&mut self, now: Tick) {
+        let sample = (self.window_tokens, self.window_ticks.max(1));
+        (self.window_tokens, self.window_ticks, self.window_events) = (0, 0, 0);
+        if sample.0 == 0 {
+            return;
+        }
+        self.windows[self.windows_next] = sample;
+        self.windows_next = (self.windows_next + 1) % RATE_WINDOWS;
+        self.windows_len = (self.windows_len + 1).min(RATE_WINDOWS);
+        // The median window by rate: insertion sort of at most RATE_WINDOWS pairs.
+        let mut sorted = self.windows;
+        let live = &mut sorted[..self.windows_len];
+        for i in 1..live.len() {
+            let mut k = i;
+            while k > 0 && faster(live[k - 1], live[k]) {
+                live.swap(k - 1, k);
+                k -= 1;
+            }
+        }
+        self.rate = live[live.len() / 2];
+        self.rate_at = now;
+    }
+
+    /// Prefill rate in tokens per second at `ticks_per_second`, if measured.
+    pub fn tokens_per_second(&self, ticks_per_second: f64) -> Option<f64> {
+        (self.rate.0 > 0).then(|| self.rate.0 as f64 / self.rate.1 as f64 * ticks_per_second)
+    }
+}
+
+/// Whether rate `a` (tokens, ticks) is faster than `b`.
+fn faster(a: (u64, u64), b: (u64, u64)) -> bool {
+    u128::from(a.0) * u128::from(b.1) > u128::from(b.0) * u128::from(a.1)
+}
+
+/// What a backend's engine said about its caches, and the calibration of its prefix index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheModel {
+    /// KV capacity in tokens, as last exported (0: never exported), and when.
+    pub kv_capacity_tokens: u64,
+    pub kv_capacity_at: Tick,
+    /// The engine's prefix-cache counters at the last snapshot that had them.
+    counters: Option<(u64, u64)>,
+    /// Prompt tokens admitted, tokens the index predicted cached, and tokens the engine found
+    /// cached, in the current calibration period.
+    period_tokens: u64,
+    period_predicted: u64,
+    period_engine: u64,
+    /// Whether `period_engine` comes from responses (else from counters, or nothing yet).
+    period_from_usage: bool,
+    /// Hit ratios of the last closed period, in millionths, and when it closed.
+    pub predicted_micro: u64,
+    pub engine_micro: u64,
+    pub hit_ratio_at: Tick,
+    /// The engine's ratio over the last snapshot interval, from its counters (millionths).
+    pub counter_micro: Option<u64>,
+    pub counter_at: Tick,
+    /// The index size as a multiple of its nominal size, in quarters.
+    pub index_scale: u32,
+}
+
+impl CacheModel {
+    pub const NEW: CacheModel = CacheModel {
+        kv_capacity_tokens: 0,
+        kv_capacity_at: 0,
+        counters: None,
+        period_tokens: 0,
+        period_predicted: 0,
+        period_engine: 0,
+        period_from_usage: false,
+        predicted_micro: 0,
+        engine_micro: 0,
+        hit_ratio_at: 0,
+        counter_micro: None,
+        counter_at: 0,
+        index_scale: INDEX_SCALE_START,
+    };
+
+    /// A request was placed with `tokens` estimated prompt tokens, of which the index
+    /// predicted `cached`.
+    pub fn placed(&mut self, tokens: u64, cached: u64) {
+        self.period_tokens += tokens;
+        self.period_predicted += cached;
+    }
+
+    /// A response reported that the engine found `cached` of `prompt` tokens cached (engine
+    /// tokens), for a request of `estimated` estimated tokens.
+    pub fn usage(&mut self, prompt: u32, cached: u32, estimated: u64) {
+        if prompt == 0 {
+            return;
+        }
+        self.period_from_usage = true;
+        let scaled = u128::from(cached) * u128::from(estimated) / u128::from(prompt);
+        self.period_engine += u64::try_from(scaled).unwrap_or(u64::MAX);
+    }
+
+    /// A snapshot's cache report at `now`. Returns whether the exported capacity changed.
+    pub fn snapshot(&mut self, now: Tick, capacity: u32, queries: u64, hits: u64) -> bool {
+        let changed = capacity != 0 && u64::from(capacity) != self.kv_capacity_tokens;
+        if capacity != 0 {
+            self.kv_capacity_tokens = u64::from(capacity);
+            self.kv_capacity_at = now;
+        }
+        let known = queries != super::EngineCache::NO_COUNTER && hits != super::EngineCache::NO_COUNTER;
+        if !known {
+            return changed;
+        }
+        if let Some((q0, h0)) = self.counters {
+            // Counters only grow; one that went down is an engine that restarted.
+            if queries >= q0 && hits >= h0 && queries > q0 {
+                let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
+                self.counter_micro = Some(dh * 1_000_000 / dq);
+                self.counter_at = now;
+                if !self.period_from_usage {
+                    // No per-response figures: the counters' share stands for the period's.
+                    let share = u128::from(dh) * u128::from(self.period_tokens) / u128::from(dq);
+                    self.period_engine = u64::try_from(share).unwrap_or(u64::MAX);
+                }
+            }
+        }
+        self.counters = Some((queries, hits));
+        changed
+    }
+
+    /// Closes the calibration period at `now` if it holds enough tokens and the engine's side
+    /// is known; returns whether the index scale changed.
+    pub fn calibrate(&mut self, now: Tick) -> bool {
+        if self.period_tokens < CALIBRATION_TOKENS {
+            return false;
+        }
+        let engine_known = self.period_from_usage || self.counter_micro.is_some();
+        let (tokens, predicted, engine) =
+            (self.period_tokens, self.period_predicted, self.period_engine);
+        (self.period_tokens, self.period_predicted, self.period_engine) = (0, 0, 0);
+        self.period_from_usage = false;
+        self.predicted_micro = predicted * 1_000_000 / tokens;
+        self.engine_micro = engine * 1_000_000 / tokens;
+        self.hit_ratio_at = now;
+        if !engine_known {
+            return false;
+        }
+        let old = self.index_scale;
+        // Markedly: a quarter more or less than the engine found, and not a rounding of a
+        // few blocks (1 % of the period's tokens).
+        let slack = tokens / 100;
+        if predicted > engine + engine / 4 + slack {
+            self.index_scale = (old - old / 4).max(INDEX_SCALE_MIN);
+        } else if predicted + predicted / 4 + slack < engine {
+            self.index_scale = (old + old.div_ceil(4)).min(INDEX_SCALE_MAX);
+        }
+        self.index_scale != old
+    }
+
+    /// The index size in blocks: `nominal` (from the exported capacity, or the configured
+    /// default) times the scale.
+    pub fn index_blocks(&self, nominal: u64) -> u64 {
+        (nominal * u64::from(self.index_scale) / 4).max(1)
+    }
+}
+
+/// A backend's learned estimates as reports show them, each with the tick it last changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendEstimates {
+    /// Prefill rate as `(tokens, ticks)`; `(0, 0)` until measured.
+    pub rate: (u64, u64),
+    pub rate_at: Tick,
+    /// When a learned budget last changed.
+    pub budget_at: Tick,
+    /// The budget in force (0 = none), learned or fixed.
+    pub budget: u64,
+    /// KV capacity the engine exported, tokens (0: never), and when.
+    pub kv_capacity_tokens: u64,
+    pub kv_capacity_at: Tick,
+    /// Hit ratios of the last calibration period, millionths: predicted by the index and
+    /// found by the engine; and the engine's counters' ratio over its last scrape interval.
+    pub predicted_hit_micro: u64,
+    pub engine_hit_micro: u64,
+    pub hit_ratio_at: Tick,
+    pub counter_hit_micro: Option<u64>,
+    pub counter_at: Tick,
+    /// Blocks the prefix index may hold (0 without prefix-cost).
+    pub index_capacity: u64,
+}
+
+/// Everything a scheduler learns, and what it needs to remember per admitted request to learn
+/// it. Allocated with the scheduler; per-request state is indexed by arena slot.
+#[derive(Debug)]
+pub(crate) struct Learned {
+    pub tokens: TokenRate,
+    /// Per backend.
+    pub prefill: Vec<Prefill>,
+    pub cache: Vec<CacheModel>,
+    /// Per arena slot, while admitted: the admission tick and the tokens the request added to
+    /// its backend's prefill backlog.
+    pub admitted_at: Vec<Tick>,
+    pub backlog: Vec<u32>,
+}
+
+impl Learned {
+    pub fn new(backends: usize, arena: usize) -> Learned {
+        Learned {
+            tokens: TokenRate::NEW,
+            prefill: vec![Prefill::NEW; backends],
+            cache: vec![CacheModel::NEW; backends],
+            admitted_at: vec![0; arena],
+            backlog: vec![0; arena],
+        }
+    }
+
+    /// Room for `backends` backends and `arena` slots (a reconfiguration; never shrinks).
+    pub fn grow(&mut self, backends: usize, arena: usize) {
+        self.prefill.resize(backends.max(self.prefill.len()), Prefill::NEW);
+        self.cache.resize(backends.max(self.cache.len()), CacheModel::NEW);
+        let arena = arena.max(self.admitted_at.len());
+        self.admitted_at.resize(arena, 0);
+        self.backlog.resize(arena, 0);
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.prefill.capacity() * std::mem::size_of::<Prefill>()
+            + self.cache.capacity() * std::mem::size_of::<CacheModel>()
+            + self.admitted_at.capacity() * 8
+            + self.backlog.capacity() * 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `n` first bytes of `tokens` each to a backend that clears `rate` tokens per tick
+    /// with a fixed `latency`, one request at a time with `depth` queued behind; returns when
+    /// the last first byte arrived.
+    fn feed(p: &mut Prefill, mut now: Tick, n: u32, tokens: u64, rate: u64, latency: Tick) -> Tick {
+        for _ in 0..n {
+            p.admitted(now, true);
+            let admitted = now;
+            now += tokens / rate + latency;
+            p.first_byte(now, admitted, 0, tokens);
+        }
+        now
+    }
+
+    #[test]
+    fn token_rate_learns_and_forgets() {
+        let mut r = TokenRate::NEW;
+        assert_eq!(r.tokens(400), 100, "a quarter before any sample");
+        r.observe(1000, 300, 1);
+        assert_eq!(r.tokens(1000), 300);
+        for _ in 0..100_000 {
+            r.observe(1000, 200, 2);
+        }
+        assert_eq!(r.tokens(1000), 200, "old samples fade once past the horizon");
+        assert_eq!(r.tokens(1), 1, "a non-empty body is at least one token");
+        assert_eq!(r.tokens(0), 0);
+    }
+
+    #[test]
+    fn rate_is_measured_over_busy_time_only() {
+        let mut p = Prefill::NEW;
+        // 8 requests of 1,000 tokens back to back, each taking 100 ticks: 10 tokens per tick.
+        let mut now = 0;
+        p.admitted(now, true);
+        for _ in 0..8 {
+            let admitted = now;
+            now += 100;
+            p.admitted(admitted, false);
+            p.first_byte(now, admitted, 0, 1000);
+        }
+        assert_eq!(p.rate, (8000, 800));
+        // A long idle gap, then the same again: still 10 per tick, the gap is not busy time.
+        now += 1_000_000;
+        p.admitted(now, true);
+        for _ in 0..8 {
+            let admitted = now;
+            now += 100;
+            p.first_byte(now, admitted, 0, 1000);
+        }
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+    }
+
+    #[test]
+    fn a_slower_engine_is_followed_within_the_window_count() {
+        let mut p = Prefill::NEW;
+        let now = feed(&mut p, 0, 64, 1000, 10, 0);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+        // Half the speed: the fast windows age out after RATE_WINDOWS windows.
+        let now = feed(&mut p, now, WINDOW_EVENTS * (RATE_WINDOWS as u32 - 1), 1000, 5, 0);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "not yet: one fast window remains");
+        feed(&mut p, now, WINDOW_EVENTS, 1000, 5, 0);
+        assert_eq!(p.tokens_per_second(1.0), Some(5.0));
+    }
+
+    #[test]
+    fn latency_is_the_median_residual_and_gives_the_budget() {
+        let mut p = Prefill::NEW;
+        assert_eq!(p.budget(), None, "nothing learned");
+        // 10 tokens per tick, and a fixed 50 ticks on top of each request's own prefill.
+        feed(&mut p, 0, 64, 1000, 10, 50);
+        let rate = p.tokens_per_second(1.0).expect("measured");
+        // The busy time includes the latency: 1000 tokens per 150 ticks.
+        assert!((rate - 1000.0 / 150.0).abs() < 1e-9, "{rate}");
+        // Residual = ttfb - tokens / rate = 150 - 150 = 0 → clamped to 1 tick.
+        assert_eq!(p.latency, 1);
+    }
+
+    #[test]
+    fn work_ahead_is_not_latency() {
+        let mut p = Prefill::NEW;
+        feed(&mut p, 0, 16, 1000, 10, 0);
+        // A request admitted behind 4,000 tokens takes 500 ticks: residual 0.
+        let mut now = 10_000;
+        for _ in 0..LATENCY_SAMPLES {
+            p.admitted(now, true);
+            let admitted = now;
+            now += 500 + 30;
+            p.first_byte(now, admitted, 4000, 1000);
+        }
+        assert_eq!(p.latency, 30);
+        assert_eq!(p.budget(), Some(2 * 10 * 30));
+    }
+
+    #[test]
+    fn the_index_grows_when_it_forgets_what_the_engine_holds_and_shrinks_when_it_claims_more() {
+        let mut c = CacheModel::NEW;
+        let nominal = 1000;
+        assert_eq!(c.index_blocks(nominal), 2000, "starts at twice nominal");
+        c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 10);
+        c.usage(1000, 300, 1000);
+        c.period_engine = CALIBRATION_TOKENS / 2;
+        assert!(c.calibrate(5));
+        assert_eq!(c.index_blocks(nominal), 2500);
+        c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 2);
+        c.usage(1000, 100, 1000);
+        c.period_engine = CALIBRATION_TOKENS / 10;
+        assert!(c.calibrate(6));
+        assert_eq!(c.index_blocks(nominal), 2000 - 500 + 250 * 0);
+        // Close enough: no change.
+        c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 10);
+        c.usage(1000, 100, 1000);
+        c.period_engine = CALIBRATION_TOKENS / 10;
+        assert!(!c.calibrate(7));
+    }
+}

@@ -13,7 +13,7 @@ use warmpath::control::scrape::{EngineKind, ScrapeLimits};
 use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
 use warmpath::ring::Ring;
 use warmpath::scheduler::thread::{Inbox, InboxWaker};
-use warmpath::scheduler::Input;
+use warmpath::scheduler::{EngineCache, Input};
 
 const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\
 # TYPE vllm:num_requests_waiting gauge\n\
@@ -80,6 +80,35 @@ fn healthy_backend_reports_its_summed_waiting_gauge() {
     let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(METRICS) }, 2);
     assert!(snap.healthy);
     assert_eq!(snap.waiting, Some(3));
+}
+
+const VLLM_CACHE: &str = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1000\"} 1.0\n\
+vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 5000.0\n\
+vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 1250.0\n";
+
+#[test]
+fn snapshots_carry_what_the_engine_says_about_its_caches() {
+    let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(VLLM_CACHE) }, 2);
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(2)));
+    let cache = EngineCache { kv_capacity_tokens: 16_000, prefix_queries: 5000, prefix_hits: 1250 };
+    assert_eq!(snap.cache, cache);
+    // A strange info gauge loses the capacity, not the waiting gauge or the counters.
+    let snap = snapshot(
+        |path| match path {
+            "/health" => ok(""),
+            _ => ok(&VLLM_CACHE.replace("num_gpu_blocks=\"1000\"", "num_gpu_blocks=\"None\"")),
+        },
+        2,
+    );
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(2)));
+    assert_eq!(snap.cache, EngineCache { kv_capacity_tokens: 0, ..cache });
+    // Metrics that fail to parse: nothing known.
+    let snap = snapshot(
+        |path| if path == "/health" { ok("") } else { ok("vllm:num_requests_waiting x") },
+        2,
+    );
+    assert_eq!((snap.waiting, snap.cache), (None, EngineCache::UNKNOWN));
 }
 
 #[test]

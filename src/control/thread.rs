@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::UpstreamConfig;
 use crate::scheduler::thread::Inbox;
-use crate::scheduler::{Input, Snapshot};
+use crate::scheduler::{EngineCache, Input, Snapshot};
 
 use super::probe::{self, ProbeLimits};
 use super::scrape::{parse_gauges, EngineKind, ScrapeLimits};
@@ -137,7 +137,7 @@ fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool) -> u64 {
     dropped
 }
 
-/// One backend's health and waiting gauge, now.
+/// One backend's health, waiting gauge and caches, now.
 pub fn check(
     target: &Target,
     settings: &ControlSettings,
@@ -146,17 +146,22 @@ pub fn check(
 ) -> Snapshot {
     let health = probe::get(&target.addr, &settings.health_path, &settings.probe, clock, body);
     let healthy = matches!(health, Ok(status) if (200..300).contains(&status));
-    let waiting = match target.engine {
+    let gauges = match target.engine {
         Some(kind) if healthy => {
             let scraped = probe::get(&target.addr, "/metrics", &settings.probe, clock, body);
             match scraped {
                 Ok(status) if (200..300).contains(&status) => {
-                    parse_gauges(kind, body, &settings.scrape).ok().and_then(|g| g.waiting_count())
+                    parse_gauges(kind, body, &settings.scrape).ok()
                 }
                 _ => None,
             }
         }
         _ => None,
     };
-    Snapshot::new(healthy, waiting, clock.now())
+    Snapshot {
+        healthy,
+        waiting: gauges.and_then(|g| g.waiting_count()),
+        scraped_at: clock.now(),
+        cache: gauges.map_or(EngineCache::UNKNOWN, |g| g.cache()),
+    }
 }

@@ -1,3 +1,4 @@
+use super::reference::check_properties;
 use super::*;
 
 const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -56,7 +57,12 @@ fn vllm(text: &str) -> Result<EngineGauges, ScrapeError> {
 }
 
 fn gauges(waiting: f64, running: f64, cache_usage: f64) -> EngineGauges {
-    EngineGauges { waiting: Some(waiting), running: Some(running), cache_usage: Some(cache_usage) }
+    EngineGauges {
+        waiting: Some(waiting),
+        running: Some(running),
+        cache_usage: Some(cache_usage),
+        ..EngineGauges::default()
+    }
 }
 
 fn waiting(value: f64) -> EngineGauges {
@@ -277,9 +283,16 @@ fn engine_kinds_follow_the_configured_engine() {
 
 #[test]
 fn properties_hold_on_samples_and_edge_cases() {
-    let cases: [&[u8]; 9] = [
+    let cases: [&[u8]; 15] = [
         VLLM.as_bytes(),
         SGLANG.as_bytes(),
+        VLLM_CACHE.as_bytes(),
+        SGLANG_CACHE.as_bytes(),
+        b"vllm:cache_config_info{num_gpu_blocks=\"7\",block_size=\"16\"} 1",
+        b"vllm:cache_config_info{kv_cache_size_tokens=\"1\\2\",num_gpu_blocks=\"3\",block_size=\"4\"} 1",
+        b"vllm:cache_config_info{block_size=\"99999999999\",num_gpu_blocks=\"99999999999\"} 1\n\
+          vllm:cache_config_info{kv_cache_size_tokens=\"18446744073709551615\"} 1",
+        b"sglang:prompt_tokens_total 10\nsglang:max_total_num_tokens{a=\"b\"} 4e5 12",
         b"",
         b"\n",
         b"vllm:num_requests_waiting 1",
@@ -291,4 +304,213 @@ fn properties_hold_on_samples_and_edge_cases() {
     for case in cases {
         check_properties(case);
     }
+}
+
+/// A vLLM body with what it says about its caches: two data-parallel engines, the prefix-cache
+/// counters under their new and their deprecated names, and the counters' `_created` series.
+const VLLM_CACHE: &str = r#"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",num_gpu_blocks="27648",num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",swap_space="4",swap_space_bytes="4294967296"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",num_gpu_blocks="27648",num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",swap_space="4",swap_space_bytes="4294967296"} 1.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 80000.0
+# HELP vllm:prefix_cache_queries_created Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7453e+09
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 90000.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 30000.0
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries. DEPRECATED
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 1.0
+# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits. DEPRECATED
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 1.0
+"#;
+
+/// An SGLang body with its KV pool size and token counters (the cached-tokens counter not yet
+/// created: no request has hit the cache).
+const SGLANG_CACHE: &str = r#"# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="q",pp_rank="0",tp_rank="0"} 3.0
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="q",pp_rank="0",tp_rank="0"} 662256.0
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="q"} 4096.0
+# HELP sglang:cached_tokens_total Number of cached prompt tokens.
+# TYPE sglang:cached_tokens_total counter
+# HELP sglang:cache_hit_rate The prefix cache hit rate.
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="q",pp_rank="0",tp_rank="0"} 0.0
+"#;
+
+const INFO: &str = "vllm:cache_config_info";
+
+fn capacity(text: &str) -> Option<f64> {
+    vllm(&format!("{WAITING} 2\n{text}")).unwrap().kv_capacity_tokens
+}
+
+#[test]
+fn vllm_cache_fields_are_summed_over_engines() {
+    let gauges = vllm(VLLM_CACHE).unwrap();
+    assert_eq!(gauges.waiting, Some(1.0));
+    assert_eq!(gauges.kv_capacity_tokens, Some(2.0 * 27648.0 * 16.0));
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(200_000.0), Some(120_000.0)));
+    let cache = gauges.cache();
+    assert_eq!(cache.kv_capacity_tokens, 884_736);
+    assert_eq!((cache.prefix_queries, cache.prefix_hits), (200_000, 120_000));
+    // Bodies without them: nothing known.
+    assert_eq!(vllm(VLLM).unwrap().cache(), EngineCache::UNKNOWN);
+}
+
+#[test]
+fn older_vllm_prefix_counter_names_are_a_fallback() {
+    let old = "vllm:gpu_prefix_cache_queries_total{engine=\"0\"} 10\n\
+               vllm:gpu_prefix_cache_hits_total{engine=\"0\"} 4\n";
+    let gauges = vllm(old).unwrap();
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(10.0), Some(4.0)));
+    let both = format!("{old}vllm:prefix_cache_queries_total 20\nvllm:prefix_cache_hits_total 5\n");
+    let gauges = vllm(&both).unwrap();
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(20.0), Some(5.0)));
+    // Counters are summed families: a malformed line fails the scrape, as for the gauges.
+    let family = "vllm:prefix_cache_hits_total";
+    let bad = format!("{WAITING} 1\n{family}{{engine=\"0\"}} many\n");
+    assert_eq!(vllm(&bad), Err(ScrapeError::Malformed { line: 2, family }));
+    let negative = format!("{family} -3\n");
+    assert_eq!(vllm(&negative), Err(ScrapeError::BadValue { line: 1, family }));
+}
+
+#[test]
+fn vllm_capacity_prefers_kv_cache_size_tokens() {
+    let line = |labels: &str| format!("{INFO}{{{labels}}} 1\n");
+    let newer = line(
+        "block_size=\"16\",kv_cache_max_concurrency=\"2.58203125\",\
+         kv_cache_size_tokens=\"10576\",num_gpu_blocks=\"661\",engine=\"0\"",
+    );
+    assert_eq!(capacity(&newer), Some(10576.0));
+    // A hybrid model: the group-aware size differs from blocks × block size, and wins.
+    let hybrid = line("num_gpu_blocks=\"100\",block_size=\"16\",kv_cache_size_tokens=\"800\"");
+    assert_eq!(capacity(&hybrid), Some(800.0));
+    // Not set yet: the blocks.
+    let unset = line("kv_cache_size_tokens=\"None\",num_gpu_blocks=\"100\",block_size=\"16\"");
+    assert_eq!(capacity(&unset), Some(1600.0));
+    // Label order, blanks, a trailing comma and other escapes do not matter.
+    let spaced = line(" model=\"a \\\"b\\\"\" , block_size = \"32\" ,num_gpu_blocks=\"0010\", ");
+    assert_eq!(capacity(&spaced), Some(320.0));
+}
+
+#[test]
+fn a_strange_info_gauge_leaves_the_capacity_unknown_and_fails_nothing() {
+    let line = |labels: &str| format!("{INFO}{{{labels}}} 1\n");
+    let strange = [
+        line("num_gpu_blocks=\"None\",block_size=\"16\""),
+        line("block_size=\"16\""),
+        line("num_gpu_blocks=\"100\""),
+        line(""),
+        format!("{INFO} 1\n"),
+        line("num_gpu_blocks=\"-100\",block_size=\"16\""),
+        line("num_gpu_blocks=\"+100\",block_size=\"16\""),
+        line("num_gpu_blocks=\"1e3\",block_size=\"16\""),
+        line("num_gpu_blocks=\"\",block_size=\"16\""),
+        line("num_gpu_blocks=\" 100\",block_size=\"16\""),
+        line("num_gpu_blocks=\"1\\n0\",block_size=\"16\""),
+        line("num_gpu_blocks=\"100\",block_size=\"16\",block_size=\"16\""),
+        line("kv_cache_size_tokens=\"5\",kv_cache_size_tokens=\"5\""),
+        line("num_gpu_blocks=\"100\",block_size=\"16\"").replace("} 1", "} one"),
+        line("num_gpu_blocks=\"100\",block_size=\"16\"").replace("} 1", "} 1 2 3"),
+        line("num_gpu_blocks=\"100\",block_size=16"),
+        line("num_gpu_blocks=\"100\",block_size=\"16"),
+        line("num_gpu_blocks=\"100\",block_size=\"\\t\""),
+        line("num_gpu_blocks=\"18446744073709551616\",block_size=\"1\""),
+        line("num_gpu_blocks=\"4294967296\",block_size=\"4294967296\""),
+        line("kv_cache_size_tokens=\"18446744073709551615\"")
+            + &line("block_size=\"1\",num_gpu_blocks=\"1\""),
+    ];
+    for text in &strange {
+        assert_eq!(capacity(text), None, "{text}");
+        // One good series beside a strange one: a partial sum would under-report.
+        let good = line("num_gpu_blocks=\"100\",block_size=\"16\"");
+        assert_eq!(capacity(&format!("{good}{text}")), None, "{text}");
+        assert_eq!(capacity(&format!("{text}{good}")), None, "{text}");
+        assert_eq!(capacity(&good), Some(1600.0));
+    }
+    // Too long: unknown, where a long line of a summed family fails the scrape.
+    let limits = ScrapeLimits { line_bytes_max: 64, ..ScrapeLimits::default() };
+    let long =
+        line(&format!("num_gpu_blocks=\"100\",block_size=\"16\",pad=\"{}\"", "x".repeat(64)));
+    let parsed = parse_gauges(EngineKind::Vllm, format!("{WAITING} 2\n{long}").as_bytes(), &limits);
+    assert_eq!(parsed, Ok(waiting(2.0)));
+    let short = line("num_gpu_blocks=\"100\",block_size=\"16\"");
+    let parsed = parse_gauges(EngineKind::Vllm, short.as_bytes(), &limits).unwrap();
+    assert_eq!(parsed.kv_capacity_tokens, Some(1600.0));
+    // The info gauge's value is not read.
+    assert_eq!(
+        capacity(&line("num_gpu_blocks=\"1\",block_size=\"2\"").replace("} 1", "} NaN")),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn sglang_cache_fields() {
+    let gauges = parse(EngineKind::Sglang, SGLANG_CACHE.as_bytes()).unwrap();
+    assert_eq!(gauges.waiting, Some(3.0));
+    assert_eq!(gauges.kv_capacity_tokens, Some(662_256.0));
+    // No cached-tokens series yet beside prompt tokens: no hit so far.
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(4096.0), Some(0.0)));
+    let hit = format!("{SGLANG_CACHE}sglang:cached_tokens_total{{model_name=\"q\"}} 1024.0\n");
+    let gauges = parse(EngineKind::Sglang, hit.as_bytes()).unwrap();
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(4096.0), Some(1024.0)));
+    // Without the prompt-token counter neither is known; the hit-rate gauge is not a counter.
+    let gauges = parse(EngineKind::Sglang, SGLANG.as_bytes()).unwrap();
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (None, None));
+    assert_eq!(gauges.cache(), EngineCache::UNKNOWN);
+    // vLLM's absent hits stay unknown: its counters exist from the start.
+    let gauges = vllm("vllm:prefix_cache_queries_total 7\n").unwrap();
+    assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(7.0), None));
+}
+
+#[test]
+fn cache_rounds_and_saturates() {
+    let gauges = EngineGauges {
+        kv_capacity_tokens: Some(1e12),
+        prefix_queries: Some(2.5),
+        prefix_hits: Some(1e30),
+        ..EngineGauges::default()
+    };
+    let cache = gauges.cache();
+    assert_eq!(cache.kv_capacity_tokens, u32::MAX);
+    assert_eq!(cache.prefix_queries, 3);
+    assert_eq!(cache.prefix_hits, EngineCache::NO_COUNTER - 1);
+    let gauges = EngineGauges { kv_capacity_tokens: Some(1600.4), ..EngineGauges::default() };
+    assert_eq!(gauges.cache().kv_capacity_tokens, 1600);
+    assert_eq!(gauges.cache().prefix_hits, EngineCache::NO_COUNTER);
+}
+
+#[test]
+fn sum_families_sums_any_family_under_the_same_rules() {
+    const BUSY: &str = "warmpath_sim_busy_seconds_total";
+    const TIME: &str = "warmpath_sim_time_seconds_total";
+    let text = format!(
+        "{BUSY}{{model_name=\"a\"}} 1.5\n{BUSY}{{model_name=\"b\"}} 2\n{BUSY}_created 9\n{WAITING} 4\n"
+    );
+    let mut sums = [Some(7.0); 2];
+    let limits = ScrapeLimits::default();
+    assert_eq!(sum_families(text.as_bytes(), &[BUSY, TIME], &limits, &mut sums), Ok(()));
+    assert_eq!(sums, [Some(3.5), None]);
+    let bad = format!("{text}{TIME} NaN\n");
+    let error = ScrapeError::BadValue { line: 5, family: TIME };
+    assert_eq!(sum_families(bad.as_bytes(), &[BUSY, TIME], &limits, &mut sums), Err(error));
+    let limits = ScrapeLimits { body_bytes_max: 4, ..limits };
+    let refused = sum_families(text.as_bytes(), &[BUSY, TIME], &limits, &mut sums);
+    assert!(matches!(refused, Err(ScrapeError::BodyTooLarge { .. })));
+    assert_eq!(sums, [None, None]);
 }

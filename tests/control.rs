@@ -14,6 +14,7 @@ use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
 use warmpath::ring::Ring;
 use warmpath::scheduler::thread::{Inbox, InboxWaker};
 use warmpath::scheduler::{EngineCache, Input};
+use warmpath::sim::SimOptions;
 
 const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\
 # TYPE vllm:num_requests_waiting gauge\n\
@@ -109,6 +110,19 @@ fn snapshots_carry_what_the_engine_says_about_its_caches() {
         2,
     );
     assert_eq!((snap.waiting, snap.cache), (None, EngineCache::UNKNOWN));
+}
+
+#[test]
+fn the_router_learns_the_kv_capacity_of_a_simulated_engine() {
+    let options = SimOptions { time_scale: 100.0, ..SimOptions::new() };
+    let params = options.params;
+    let sim = warmpath::sim::start(options).expect("the sim starts");
+    let snap = check(&target(sim.addr().to_string()), &settings(), &Clock::real(), &mut Vec::new());
+    sim.stop();
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(0)));
+    let capacity = params.kv_blocks * params.block_size;
+    let cache = EngineCache { kv_capacity_tokens: capacity, prefix_queries: 0, prefix_hits: 0 };
+    assert_eq!(snap.cache, cache);
 }
 
 #[test]

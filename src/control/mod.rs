@@ -15,11 +15,14 @@
 //! - [`scrape`]: the Prometheus text exposition format 0.0.4 parser that extracts each engine's
 //!   waiting, running and cache-usage gauges, its KV capacity and its prefix-cache counters
 //!   ([`scrape::parse_gauges`]); sans-IO.
-//! - [`probe`]: blocking HTTP/1.1 `GET`s with a connect timeout, one deadline per exchange and
-//!   a body limit, built on `crate::protocol`.
-//! - [`thread`]: the control thread itself: a round of probes every `metrics_interval`, one
-//!   snapshot per backend pushed into its model's inbox.
+//! - [`probe`]: the HTTP/1.1 `GET` of a check, sans-IO (a response read in any split, with head
+//!   and body limits), built on `crate::protocol`, and a blocking driver for the bench and tests.
+//! - [`prober`]: every backend's checks at once on non-blocking sockets in one mio `Poll`, each
+//!   backend on its own schedule and with its own deadlines (issue [9]).
+//! - [`thread`]: the control thread itself: runs the prober, one snapshot per backend per
+//!   check pushed into its model's inbox; takes a new plan on a live reload.
 
 pub mod probe;
+pub mod prober;
 pub mod scrape;
 pub mod thread;

@@ -1,12 +1,12 @@
 //! The control thread's probes against fake backends on loopback: health, vLLM metrics (plain,
 //! chunked, oversized, garbage, what the engine says about its caches, a real simulated
 //! engine's), a backend that never answers and one that refuses connections, the thread
-//! delivering snapshots into a model's inbox, and dead backends that do not delay a healthy
-//! one's snapshots.
+//! delivering snapshots into a model's inbox, dead backends that do not delay a healthy one's
+//! snapshots, and a new plan taken while checks are in flight.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
@@ -14,7 +14,7 @@ use socket2::{Domain, Socket, Type};
 use warmpath::clock::Clock;
 use warmpath::control::probe::{self, ProbeError, ProbeLimits};
 use warmpath::control::scrape::{EngineKind, ScrapeLimits};
-use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
+use warmpath::control::thread::{check, ControlSettings, ControlThread, Plan, SharedPlan, Target};
 use warmpath::ring::Ring;
 use warmpath::scheduler::thread::{Inbox, InboxWaker};
 use warmpath::scheduler::{EngineCache, Input};
@@ -314,4 +314,59 @@ fn dead_backends_do_not_delay_a_healthy_ones_snapshots() {
         assert!(at - last < STALE_AFTER, "a gap from {last:?} to {at:?}: {healthy_reports:?}");
         last = at;
     }
+}
+
+/// A live reload replaces the plan while checks are in flight: a kept target (moved to another
+/// index) goes on reporting, a new one starts, and a removed one, whose connect was hanging,
+/// never reports.
+#[test]
+fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
+    let (_hole, _filled, dead) = blackhole();
+    let respond = |path: &str| if path == "/health" { ok("") } else { ok(METRICS) };
+    let (kept, added) = (backend(1000, respond), backend(1000, respond));
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(1024, InboxWaker::default()));
+    if let InboxWaker::Thread(waker) = inbox.waker() {
+        waker.register();
+    }
+    let target = |backend, addr: &String| Target {
+        inbox: Arc::clone(&inbox),
+        backend,
+        addr: addr.clone(),
+        engine: Some(EngineKind::Vllm),
+    };
+    let mut settings = settings();
+    settings.probe.connect_timeout = Duration::from_millis(1500);
+    let first = Plan { targets: vec![target(0, &dead), target(1, &kept)], settings };
+    let plan: SharedPlan = Arc::new(Mutex::new(Arc::new(first.clone())));
+    let clock = Clock::real();
+    let start = clock.now();
+    let thread = ControlThread::spawn_with_plan(Arc::clone(&plan), clock.clone()).expect("spawn");
+    let mut reports = [0; 3];
+    let mut swapped = false;
+    // Past the removed target's connect deadline, with reports from the other two after it.
+    while clock.rate().duration(clock.now() - start) < Duration::from_secs(2)
+        || reports[1] < 4
+        || reports[2] < 2
+    {
+        assert!(
+            clock.rate().duration(clock.now() - start) < Duration::from_secs(10),
+            "{reports:?}"
+        );
+        if let Some(input) = inbox.pop() {
+            let Input::Snapshot { backend, snapshot } = input else { panic!("{input:?}") };
+            assert!(snapshot.healthy, "backend {backend}: {snapshot:?}");
+            reports[usize::from(backend)] += 1;
+        } else if inbox.prepare_sleep() {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        inbox.woke();
+        if !swapped && reports[1] >= 2 {
+            let targets = vec![target(1, &kept), target(2, &added)];
+            let next = Plan { targets, settings: first.settings.clone() };
+            *plan.lock().unwrap() = Arc::new(next);
+            swapped = true;
+        }
+    }
+    assert_eq!(thread.stop(), 0, "no snapshot dropped");
+    assert_eq!(reports[0], 0, "the removed blackhole reported");
 }

@@ -22,8 +22,8 @@
 //!   the counters `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` ("in terms of number
 //!   of queried/cached tokens"; `prometheus_client` exports a counter as `NAME_total`) carry the
 //!   labels `model_name` and `engine`, one series per data-parallel engine. The `gpu_` names
-//!   are the same counters before vLLM 0.9 renamed them (exported beside the new ones until
-//!   0.10). `vllm:cache_config_info` is an info gauge: `log_metrics_info("cache_config", ...)`
+//!   are the same counters under their names before vLLM 0.9, which deprecated them and exports
+//!   both. `vllm:cache_config_info` is an info gauge: `log_metrics_info("cache_config", ...)`
 //!   sets one series per engine to 1 with a label for every attribute of the engine's
 //!   `CacheConfig` (`metrics_info()` in `vllm/config/cache.py`: `str(value)` of each field), so
 //!   among others `block_size` (tokens per block), `num_gpu_blocks` (set after profiling; the

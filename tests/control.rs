@@ -1,19 +1,24 @@
 //! The control thread's probes against fake backends on loopback: health, vLLM metrics (plain,
-//! chunked, oversized, garbage), a backend that never answers and one that refuses connections,
-//! and the thread delivering snapshots into a model's inbox.
+//! chunked, oversized, garbage, what the engine says about its caches, a real simulated
+//! engine's), a backend that never answers and one that refuses connections, the thread
+//! delivering snapshots into a model's inbox, dead backends that do not delay a healthy one's
+//! snapshots, and a new plan taken while checks are in flight.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::Arc;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use socket2::{Domain, Socket, Type};
 
 use warmpath::clock::Clock;
 use warmpath::control::probe::{self, ProbeError, ProbeLimits};
 use warmpath::control::scrape::{EngineKind, ScrapeLimits};
-use warmpath::control::thread::{check, ControlSettings, ControlThread, Target};
+use warmpath::control::thread::{check, ControlSettings, ControlThread, Plan, SharedPlan, Target};
 use warmpath::ring::Ring;
 use warmpath::scheduler::thread::{Inbox, InboxWaker};
-use warmpath::scheduler::Input;
+use warmpath::scheduler::{EngineCache, Input};
+use warmpath::sim::SimOptions;
 
 const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\
 # TYPE vllm:num_requests_waiting gauge\n\
@@ -72,7 +77,7 @@ fn target(addr: String) -> Target {
 
 fn snapshot(respond: fn(&str) -> Vec<u8>, connections: usize) -> warmpath::scheduler::Snapshot {
     let addr = backend(connections, respond);
-    check(&target(addr), &settings(), &Clock::real(), &mut Vec::new())
+    check(&target(addr), &settings(), &Clock::real()).expect("a poll")
 }
 
 #[test]
@@ -80,6 +85,48 @@ fn healthy_backend_reports_its_summed_waiting_gauge() {
     let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(METRICS) }, 2);
     assert!(snap.healthy);
     assert_eq!(snap.waiting, Some(3));
+}
+
+const VLLM_CACHE: &str = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1000\"} 1.0\n\
+vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 5000.0\n\
+vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 1250.0\n";
+
+#[test]
+fn snapshots_carry_what_the_engine_says_about_its_caches() {
+    let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(VLLM_CACHE) }, 2);
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(2)));
+    let cache = EngineCache { kv_capacity_tokens: 16_000, prefix_queries: 5000, prefix_hits: 1250 };
+    assert_eq!(snap.cache, cache);
+    // A strange info gauge loses the capacity, not the waiting gauge or the counters.
+    let snap = snapshot(
+        |path| match path {
+            "/health" => ok(""),
+            _ => ok(&VLLM_CACHE.replace("num_gpu_blocks=\"1000\"", "num_gpu_blocks=\"None\"")),
+        },
+        2,
+    );
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(2)));
+    assert_eq!(snap.cache, EngineCache { kv_capacity_tokens: 0, ..cache });
+    // Metrics that fail to parse: nothing known.
+    let snap = snapshot(
+        |path| if path == "/health" { ok("") } else { ok("vllm:num_requests_waiting x") },
+        2,
+    );
+    assert_eq!((snap.waiting, snap.cache), (None, EngineCache::UNKNOWN));
+}
+
+#[test]
+fn the_router_learns_the_kv_capacity_of_a_simulated_engine() {
+    let options = SimOptions { time_scale: 100.0, ..SimOptions::new() };
+    let params = options.params;
+    let sim = warmpath::sim::start(options).expect("the sim starts");
+    let snap = check(&target(sim.addr().to_string()), &settings(), &Clock::real()).expect("a poll");
+    sim.stop();
+    assert_eq!((snap.healthy, snap.waiting), (true, Some(0)));
+    let capacity = params.kv_blocks * params.block_size;
+    let cache = EngineCache { kv_capacity_tokens: capacity, prefix_queries: 0, prefix_hits: 0 };
+    assert_eq!(snap.cache, cache);
 }
 
 #[test]
@@ -138,7 +185,7 @@ fn silent_and_refusing_backends_are_unhealthy_within_the_timeouts() {
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
     // A port nobody listens on: bind, learn the port, close.
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let refused = check(&target(format!("127.0.0.1:{port}")), &settings(), &clock, &mut Vec::new());
+    let refused = check(&target(format!("127.0.0.1:{port}")), &settings(), &clock).expect("a poll");
     assert!(!refused.healthy);
     let err =
         probe::get(&format!("127.0.0.1:{port}"), "/", &settings().probe, &clock, &mut Vec::new());
@@ -172,4 +219,154 @@ fn the_thread_delivers_snapshots_into_the_inbox() {
         inbox.woke();
     }
     assert_eq!(thread.stop(), 0, "no snapshot dropped");
+}
+
+/// A listener on loopback whose accept queue is full and never drained, with the connections
+/// that fill it: Linux drops the SYNs of further connects, so they hang until the caller's
+/// connect timeout, as to a host that is down.
+fn blackhole() -> (Socket, Vec<TcpStream>, String) {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a socket");
+    socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).expect("bind loopback");
+    socket.listen(0).expect("listen");
+    let addr = socket.local_addr().unwrap().as_socket().expect("an IPv4 address");
+    let mut fillers = Vec::new();
+    for _ in 0..16 {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(stream) => fillers.push(stream),
+            Err(_) => return (socket, fillers, addr.to_string()),
+        }
+    }
+    panic!("the accept queue of {addr} does not fill");
+}
+
+/// Issue [9]: with blocking probes one after another, each dead backend cost `connect_timeout`
+/// per round, so two of them kept every healthy backend's gauges stale. Checked concurrently,
+/// the healthy backend reports every interval while the dead ones hang, and each dead one
+/// reports unhealthy when its own deadline passes: the blackholes at `connect_timeout`, the
+/// backend that accepts and never answers at `exchange_timeout`.
+#[test]
+fn dead_backends_do_not_delay_a_healthy_ones_snapshots() {
+    const STALE_AFTER: Duration = Duration::from_secs(1);
+    let connect_timeout = Duration::from_secs(3);
+    let (_hole_a, _filled_a, dead_a) = blackhole();
+    let (_hole_b, _filled_b, dead_b) = blackhole();
+    let silent = backend(1000, |_| Vec::new());
+    let healthy = backend(1000, |path| if path == "/health" { ok("") } else { ok(METRICS) });
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(1024, InboxWaker::default()));
+    if let InboxWaker::Thread(waker) = inbox.waker() {
+        waker.register();
+    }
+    let targets = (0u16..).zip([dead_a, dead_b, silent, healthy]).map(|(backend, addr)| Target {
+        inbox: Arc::clone(&inbox),
+        backend,
+        addr,
+        engine: Some(EngineKind::Vllm),
+    });
+    let mut settings = settings();
+    settings.interval = Duration::from_millis(100);
+    settings.probe.connect_timeout = connect_timeout;
+    settings.probe.exchange_timeout = Duration::from_millis(100);
+    let clock = Clock::real();
+    let start = clock.now();
+    let thread = ControlThread::spawn(targets.collect(), settings, clock.clone()).expect("spawn");
+    let since_start = |tick| clock.rate().duration(tick - start);
+    // Until both blackholes have reported once, and for at least connect_timeout.
+    let mut dead_reports = [None, None];
+    let mut silent_reports = Vec::new();
+    let mut healthy_reports = Vec::new();
+    while dead_reports.contains(&None) {
+        assert!(since_start(clock.now()) < Duration::from_secs(10), "no report from the dead");
+        let Some(input) = inbox.pop() else {
+            if inbox.prepare_sleep() {
+                std::thread::park_timeout(Duration::from_millis(20));
+            }
+            inbox.woke();
+            continue;
+        };
+        let Input::Snapshot { backend, snapshot } = input else { panic!("{input:?}") };
+        let at = since_start(snapshot.scraped_at);
+        match backend {
+            0 | 1 => {
+                assert!(!snapshot.healthy && snapshot.waiting.is_none(), "{snapshot:?}");
+                dead_reports[usize::from(backend)].get_or_insert(at);
+            }
+            2 => {
+                assert!(!snapshot.healthy && snapshot.waiting.is_none(), "{snapshot:?}");
+                silent_reports.push(at);
+            }
+            _ => {
+                assert_eq!((snapshot.healthy, snapshot.waiting), (true, Some(3)), "{snapshot:?}");
+                healthy_reports.push(at);
+            }
+        }
+    }
+    assert_eq!(thread.stop(), 0, "no snapshot dropped");
+    for at in dead_reports.into_iter().flatten() {
+        let late = connect_timeout + Duration::from_secs(1);
+        assert!(at >= connect_timeout && at < late, "a dead backend reported at {at:?}");
+    }
+    let first_silent = silent_reports.first().expect("the silent backend reported");
+    assert!(*first_silent < Duration::from_secs(1), "the silent backend at {first_silent:?}");
+    // Every interval, and never a gap in which its gauge would have gone stale.
+    assert!(healthy_reports.len() >= 10, "{} healthy reports", healthy_reports.len());
+    let mut last = Duration::ZERO;
+    for &at in &healthy_reports {
+        assert!(at - last < STALE_AFTER, "a gap from {last:?} to {at:?}: {healthy_reports:?}");
+        last = at;
+    }
+}
+
+/// A live reload replaces the plan while checks are in flight: a kept target (moved to another
+/// index) goes on reporting, a new one starts, and a removed one, whose connect was hanging,
+/// never reports.
+#[test]
+fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
+    let (_hole, _filled, dead) = blackhole();
+    let respond = |path: &str| if path == "/health" { ok("") } else { ok(METRICS) };
+    let (kept, added) = (backend(1000, respond), backend(1000, respond));
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(1024, InboxWaker::default()));
+    if let InboxWaker::Thread(waker) = inbox.waker() {
+        waker.register();
+    }
+    let target = |backend, addr: &String| Target {
+        inbox: Arc::clone(&inbox),
+        backend,
+        addr: addr.clone(),
+        engine: Some(EngineKind::Vllm),
+    };
+    let mut settings = settings();
+    settings.probe.connect_timeout = Duration::from_millis(1500);
+    let first = Plan { targets: vec![target(0, &dead), target(1, &kept)], settings };
+    let plan: SharedPlan = Arc::new(Mutex::new(Arc::new(first.clone())));
+    let clock = Clock::real();
+    let start = clock.now();
+    let thread = ControlThread::spawn_with_plan(Arc::clone(&plan), clock.clone()).expect("spawn");
+    let mut reports = [0; 3];
+    let mut swapped = false;
+    // Past the removed target's connect deadline, with reports from the other two after it.
+    while clock.rate().duration(clock.now() - start) < Duration::from_secs(2)
+        || reports[1] < 4
+        || reports[2] < 2
+    {
+        assert!(
+            clock.rate().duration(clock.now() - start) < Duration::from_secs(10),
+            "{reports:?}"
+        );
+        if let Some(input) = inbox.pop() {
+            let Input::Snapshot { backend, snapshot } = input else { panic!("{input:?}") };
+            assert!(snapshot.healthy, "backend {backend}: {snapshot:?}");
+            reports[usize::from(backend)] += 1;
+        } else if inbox.prepare_sleep() {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        inbox.woke();
+        if !swapped && reports[1] >= 2 {
+            let targets = vec![target(1, &kept), target(2, &added)];
+            let next = Plan { targets, settings: first.settings.clone() };
+            *plan.lock().unwrap() = Arc::new(next);
+            swapped = true;
+        }
+    }
+    assert_eq!(thread.stop(), 0, "no snapshot dropped");
+    assert_eq!(reports[0], 0, "the removed blackhole reported");
 }

@@ -1,14 +1,17 @@
 //! The control thread: every `metrics_interval` it checks each backend's health
 //! (`GET health_path`, healthy on a 2xx), scrapes its `/metrics` when its engine exports
 //! metrics we read (vLLM, SGLang) and the health check passed, and pushes one
-//! [`Input::Snapshot`] per backend into its model's inbox, stamped with the tick of the check.
-//! A snapshot is an admission trigger for the scheduler (SPEC S6). A backend whose scrape fails
-//! reports `waiting: None`: the scheduler judges it by its other gates, and a positive gauge it
-//! reported before goes stale after `metrics_stale_after`.
+//! [`Input::Snapshot`] per backend into its model's inbox, stamped with the tick the check
+//! ended. A snapshot is an admission trigger for the scheduler (SPEC S6). A backend whose
+//! scrape fails reports `waiting: None` and an unknown cache: the scheduler judges it by its
+//! other gates, and a positive gauge it reported before goes stale after `metrics_stale_after`.
 //!
-//! Backends are probed one after another, each within `connect_timeout` plus
-//! `exchange_timeout`; a round that takes longer than the interval starts the next one at once.
-//! Between rounds the thread parks; [`ControlThread::stop`] unparks it.
+//! Backends are checked concurrently by a [`Prober`] on non-blocking sockets, each on its own
+//! schedule (its next check starts an interval after its last one started, or at once when
+//! that one took longer) and with its own deadlines (`connect_timeout`, then
+//! `exchange_timeout`): a dead or slow backend delays only its own snapshots. The thread waits
+//! in the prober's `poll`; [`ControlThread::stop`] wakes it through a mio `Waker`. The plan is
+//! re-read at every wake-up (at least once an interval).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,8 +23,9 @@ use crate::config::UpstreamConfig;
 use crate::scheduler::thread::Inbox;
 use crate::scheduler::{Input, Snapshot};
 
-use super::probe::{self, ProbeLimits};
-use super::scrape::{parse_gauges, EngineKind, ScrapeLimits};
+use super::probe::ProbeLimits;
+use super::prober::Prober;
+use super::scrape::{EngineKind, ScrapeLimits};
 
 /// One backend to watch.
 #[derive(Debug, Clone)]
@@ -64,8 +68,8 @@ impl ControlSettings {
     }
 }
 
-/// What the thread probes and how: replaced whole on a live reload, read at the start of
-/// each round.
+/// What the thread probes and how: replaced whole on a live reload, taken by the thread at
+/// its next wake-up (kept targets keep their checks in flight, `prober`'s module doc).
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub targets: Vec<Target>,
@@ -79,6 +83,7 @@ pub type SharedPlan = Arc<Mutex<Arc<Plan>>>;
 #[derive(Debug)]
 pub struct ControlThread {
     stop: Arc<AtomicBool>,
+    waker: mio::Waker,
     join: JoinHandle<u64>,
 }
 
@@ -93,70 +98,55 @@ impl ControlThread {
         ControlThread::spawn_with_plan(plan, clock)
     }
 
-    /// Starts watching what `plan` says, re-read every round.
+    /// Starts watching what `plan` says, re-read at every wake-up.
     pub fn spawn_with_plan(plan: SharedPlan, clock: Clock) -> std::io::Result<ControlThread> {
+        let first = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut prober = Prober::new(first, clock.rate(), clock.now())?;
+        let waker = prober.waker()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let join = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || run(&plan, &clock, &flag))?;
-        Ok(ControlThread { stop, join })
+            .spawn(move || run(&plan, &clock, &flag, &mut prober))?;
+        Ok(ControlThread { stop, waker, join })
     }
 
-    /// Stops the thread after its current probe; returns how many snapshots did not fit their
-    /// model's inbox (they are dropped: the next round sends fresh ones).
+    /// Stops the thread (the exchanges in flight are abandoned); returns how many snapshots
+    /// did not fit their model's inbox (they are dropped: the next check sends a fresh one).
     pub fn stop(self) -> u64 {
         self.stop.store(true, Ordering::Release);
-        self.join.thread().unpark();
+        // A waker that fails to wake leaves the thread to see the flag within an interval.
+        let _ = self.waker.wake();
         self.join.join().expect("control thread panicked")
     }
 }
 
-fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool) -> u64 {
-    let mut body = Vec::with_capacity(64 << 10);
+fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool, prober: &mut Prober) -> u64 {
     let mut dropped = 0;
     while !stop.load(Ordering::Acquire) {
-        let started = clock.now();
-        let round = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
-        let settings = &round.settings;
-        for target in &round.targets {
-            if stop.load(Ordering::Acquire) {
-                break;
-            }
-            let snapshot = check(target, settings, clock, &mut body);
+        let current = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
+        prober.set_plan(&current, clock.now());
+        prober.turn(clock, &mut |target, snapshot| {
             let input = Input::Snapshot { backend: target.backend, snapshot };
             dropped += u64::from(target.inbox.push(input).is_err());
-        }
-        let spent = clock.rate().duration(clock.now().saturating_sub(started));
-        if let Some(rest) = settings.interval.checked_sub(spent) {
-            if !stop.load(Ordering::Acquire) {
-                std::thread::park_timeout(rest);
-            }
-        }
+        });
     }
     dropped
 }
 
-/// One backend's health and waiting gauge, now.
+/// One backend's health, waiting gauge and caches, checked now by the same prober as the
+/// thread's (blocking until the check ends, within `connect_timeout` plus `exchange_timeout`
+/// per exchange).
 pub fn check(
     target: &Target,
     settings: &ControlSettings,
     clock: &Clock,
-    body: &mut Vec<u8>,
-) -> Snapshot {
-    let health = probe::get(&target.addr, &settings.health_path, &settings.probe, clock, body);
-    let healthy = matches!(health, Ok(status) if (200..300).contains(&status));
-    let waiting = match target.engine {
-        Some(kind) if healthy => {
-            let scraped = probe::get(&target.addr, "/metrics", &settings.probe, clock, body);
-            match scraped {
-                Ok(status) if (200..300).contains(&status) => {
-                    parse_gauges(kind, body, &settings.scrape).ok().and_then(|g| g.waiting_count())
-                }
-                _ => None,
-            }
-        }
-        _ => None,
-    };
-    Snapshot::new(healthy, waiting, clock.now())
+) -> std::io::Result<Snapshot> {
+    let plan = Arc::new(Plan { targets: vec![target.clone()], settings: settings.clone() });
+    let mut prober = Prober::new(plan, clock.rate(), clock.now())?;
+    let mut snapshot = None;
+    while snapshot.is_none() {
+        prober.turn(clock, &mut |_, finished| snapshot = Some(finished));
+    }
+    Ok(snapshot.expect("the loop ends with a snapshot"))
 }

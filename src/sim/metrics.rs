@@ -1,5 +1,9 @@
 //! The simulated engine's `/metrics`, in the Prometheus text format 0.0.4 under vLLM's names
-//! (V1 engine, `vllm/v1/metrics/loggers.py`), each series labelled `model_name` as vLLM does.
+//! (V1 engine, `vllm/v1/metrics/loggers.py`), each series labelled `model_name` as vLLM does,
+//! but for the info gauge `vllm:cache_config_info`, which vLLM labels with the fields of its
+//! `CacheConfig` and the engine index instead (`log_metrics_info`): the sim gives
+//! `block_size`, `enable_prefix_caching`, `engine` and `num_gpu_blocks` (its KV blocks), so a
+//! router reads its KV capacity as it would a vLLM engine's (`num_gpu_blocks` × `block_size`).
 //!
 //! Latencies are in **simulated engine seconds** (step durations of the step-time model), not
 //! wall-clock seconds: under `--time-scale 10` a request that took 0.1 s of real time reports 1 s,
@@ -105,6 +109,15 @@ pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
         "KV cache usage; 1 means 100 percent.",
         engine.kv_usage(),
     );
+    let p = engine.params();
+    let _ = writeln!(
+        out,
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"0\",\
+         num_gpu_blocks=\"{}\"}} 1.0",
+        p.block_size, p.kv_blocks
+    );
     counter(
         out,
         "vllm:prefix_cache_queries_total",
@@ -162,6 +175,29 @@ pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::engine::EngineParams;
+
+    #[test]
+    fn the_cache_config_info_gauge_gives_the_blocks_and_their_size() {
+        let params = EngineParams {
+            block_size: 32,
+            kv_blocks: 1234,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 512,
+            max_model_len: 4096,
+            step_base_ns: 1,
+            prefill_token_cost_ns: 1,
+            decode_seq_cost_ns: 1,
+        };
+        let mut out = String::new();
+        render(&Engine::new(params, 0), "m", 0, &mut out);
+        let info = "vllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"True\",\
+                    engine=\"0\",num_gpu_blocks=\"1234\"} 1.0\n";
+        assert!(out.contains(info), "{out}");
+        assert!(out.contains("# TYPE vllm:cache_config_info gauge\n"), "{out}");
+        assert!(out.contains("vllm:prefix_cache_queries_total{model_name=\"m\"} 0.0\n"), "{out}");
+        assert!(out.contains("vllm:prefix_cache_hits_total{model_name=\"m\"} 0.0\n"), "{out}");
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative_with_inf() {

@@ -21,7 +21,9 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hashbrown::HashSet;
 use warmpath::scheduler::tracker::SessionTracker;
-use warmpath::scheduler::{Arrival, Input, Output, Params, RequestId, Routing, Scheduler};
+use warmpath::scheduler::{
+    Arrival, Budget, Input, Output, Params, RequestId, Routing, Scheduler, Usage,
+};
 use warmpath::splitmix::SplitMix64;
 
 const SESSIONS: u64 = 4096;
@@ -37,7 +39,7 @@ fn params(max_queued: u32) -> Params {
         queue_timeout: Some(30 * SECOND),
         max_queued,
         inflight_per_backend: SLOTS,
-        prefill_tokens_per_backend: 0,
+        prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: SESSIONS as u32,
         max_overtakes: 16,
         boosted_streak_max: 0,
@@ -89,7 +91,7 @@ impl Steady {
         let arrival = Arrival {
             id: RequestId(self.next_id),
             session,
-            prompt_tokens: 500,
+            prompt_bytes: 2000,
             streaming: true,
             prompt: warmpath::scheduler::prefix::NO_PROMPT,
         };
@@ -113,7 +115,7 @@ impl Steady {
     fn complete_oldest(&mut self) {
         let id = self.running.pop_front().expect("a running request");
         self.out.clear();
-        let input = Input::Complete { id: RequestId(id), success: true };
+        let input = Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE };
         self.s.handle(self.now, input, &mut self.out);
         self.collect();
     }

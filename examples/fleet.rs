@@ -89,7 +89,11 @@ fn main() {
             // Ticks are simulated nanoseconds; the router's durations are real time, and the
             // engines of the real replays run SIM_SCALE simulated seconds per real second.
             let rate = TickRate::new(sim_scale());
-            Router::Warmpath(warmpath::server::generation::scheduler_params(&config.models[0], &config.upstream, rate))
+            Router::Warmpath(warmpath::server::generation::scheduler_params(
+                &config.models[0],
+                &config.upstream,
+                rate,
+            ))
         }
     };
     let spec = FleetSpec {

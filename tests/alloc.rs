@@ -10,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use warmpath::scheduler::{
-    Arrival, Input, Output, Params, RequestId, Routing, Scheduler, Snapshot,
+    Arrival, Budget, Input, Output, Params, RequestId, Routing, Scheduler, Snapshot, Usage,
 };
 
 struct Counting;
@@ -69,7 +69,7 @@ impl Driver {
             let arrival = Arrival {
                 id: RequestId(self.next_id),
                 session,
-                prompt_tokens: 300,
+                prompt_bytes: 1200,
                 streaming: k % 3 != 0,
                 prompt: warmpath::scheduler::prefix::NO_PROMPT,
             };
@@ -82,8 +82,12 @@ impl Driver {
             self.send(Input::FirstByte(RequestId(id)));
             let input = match k {
                 0 => Input::Retry(RequestId(id)),
-                1 => Input::Complete { id: RequestId(id), success: false },
-                _ => Input::Complete { id: RequestId(id), success: true },
+                1 => Input::Complete { id: RequestId(id), success: false, usage: Usage::NONE },
+                // The response's usage teaches tokens per byte and the engine's cache hits.
+                _ => {
+                    let usage = Usage { prompt_tokens: 280, cached_tokens: 100 };
+                    Input::Complete { id: RequestId(id), success: true, usage }
+                }
             };
             self.send(input);
         }
@@ -102,7 +106,7 @@ fn no_allocation_per_request_after_warm_up() {
         queue_timeout: Some(40 * MS),
         max_queued: 256,
         inflight_per_backend: 4,
-        prefill_tokens_per_backend: 2_000,
+        prefill_tokens_per_backend: Budget::Auto,
         max_sessions: 128,
         max_overtakes: 1,
         boosted_streak_max: 3,

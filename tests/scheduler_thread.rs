@@ -9,7 +9,7 @@ use warmpath::clock::Clock;
 use warmpath::ring::Ring;
 use warmpath::scheduler::thread::{SchedulerThread, ThreadWaker};
 use warmpath::scheduler::{
-    Arrival, Input, Output, Params, RejectReason, RequestId, Routing, Scheduler,
+    Arrival, Budget, Input, Output, Params, RejectReason, RequestId, Routing, Scheduler, Usage,
 };
 
 type ShardRing = Ring<Output, ThreadWaker>;
@@ -22,7 +22,7 @@ fn params(timeout: Option<u64>) -> Params {
         queue_timeout: timeout,
         max_queued: 100_000,
         inflight_per_backend: 4,
-        prefill_tokens_per_backend: 0,
+        prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: 64,
         max_overtakes: 4,
         boosted_streak_max: 0,
@@ -88,7 +88,7 @@ fn shard(index: u16, count: u64, thread: Arc<SchedulerThread>, ring: Arc<ShardRi
             let arrival = Arrival {
                 id,
                 session,
-                prompt_tokens: 10,
+                prompt_bytes: 40,
                 streaming: false,
                 prompt: warmpath::scheduler::prefix::NO_PROMPT,
             };
@@ -112,7 +112,7 @@ fn complete(thread: &SchedulerThread, admitted: &mut [bool], index: u16, output:
     let serial = (id.0 & ((1 << 48) - 1)) as usize;
     assert!(!admitted[serial], "{id:?} admitted twice");
     admitted[serial] = true;
-    send(thread, Input::Complete { id, success: true });
+    send(thread, Input::Complete { id, success: true, usage: Usage::NONE });
     1
 }
 
@@ -147,7 +147,7 @@ fn a_queue_deadline_fires_without_traffic() {
         Input::Arrive(Arrival {
             id,
             session: None,
-            prompt_tokens: 0,
+            prompt_bytes: 0,
             streaming: false,
             prompt: warmpath::scheduler::prefix::NO_PROMPT,
         })

@@ -10,7 +10,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use warmpath::scheduler::{
-    Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Scheduler, Snapshot,
+    Arrival, Budget, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Scheduler,
+    Snapshot, Usage,
 };
 use warmpath::splitmix::SplitMix64;
 
@@ -83,7 +84,10 @@ fn params(rng: &mut Rng) -> Params {
         queue_timeout: Some((500 + rng.below(3000)) * MS),
         max_queued: 16 + rng.below(64) as u32,
         inflight_per_backend: 1 + rng.below(4) as u32,
-        prefill_tokens_per_backend: [0, 2_000, 20_000][rng.below(3) as usize],
+        prefill_tokens_per_backend: match rng.below(4) {
+            0 => Budget::Auto,
+            n => Budget::Tokens([0, 2_000, 20_000][n as usize - 1]),
+        },
         max_sessions: 4 + rng.below(40) as u32,
         max_overtakes: rng.below(6) as u32,
         boosted_streak_max: rng.below(4) as u32,
@@ -214,7 +218,7 @@ impl Sim {
         let arrival = Arrival {
             id: RequestId(id),
             session,
-            prompt_tokens: tokens,
+            prompt_bytes: tokens * 4,
             streaming,
             prompt: warmpath::scheduler::prefix::NO_PROMPT,
         };
@@ -236,7 +240,8 @@ impl Sim {
                     self.requests.get_mut(&id).expect("known").state = State::Queued;
                     self.input(Input::Retry(RequestId(id)));
                 } else {
-                    self.input(Input::Complete { id: RequestId(id), success: kind == 0 });
+                    let usage = Usage { prompt_tokens: 100, cached_tokens: 30 };
+                    self.input(Input::Complete { id: RequestId(id), success: kind == 0, usage });
                     self.finish(id);
                 }
             }

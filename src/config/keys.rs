@@ -9,7 +9,9 @@
 use std::net::SocketAddr;
 
 use super::duration::parse_duration;
-use super::{AccessLog, Engine, ModelConfig, QueueConfig, Routing, ServerConfig, Setting, Strategy};
+use super::{
+    AccessLog, Engine, ModelConfig, QueueConfig, Routing, ServerConfig, Setting, Strategy,
+};
 use super::{ConfigError, ConfigErrorKind, UpstreamConfig};
 
 /// Keys of `[server]`, in documentation order.

@@ -32,7 +32,7 @@ use crate::protocol::prompt::PromptHasher;
 use crate::scheduler::estimate::BackendEstimates;
 use crate::scheduler::prefix::NO_PROMPT;
 use crate::scheduler::{
-    Arrival, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats, Usage,
+    Arrival, EngineCache, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats, Usage,
 };
 use crate::sim::engine::{Engine, EngineParams, Event as EngineEvent, SubmitError};
 use crate::sim::tokens;
@@ -558,8 +558,17 @@ impl<'a> Fleet<'a> {
         }
         if self.scheduler.is_some() {
             for e in 0..self.engines.len() {
-                let waiting = self.spec.report_waiting.then(|| self.engines[e].waiting() as u32);
-                let snapshot = Snapshot::new(true, waiting, self.now);
+                let engine = &self.engines[e];
+                let waiting = self.spec.report_waiting.then(|| engine.waiting() as u32);
+                let mut snapshot = Snapshot::new(true, waiting, self.now);
+                if self.spec.report_waiting {
+                    let p = engine.params();
+                    snapshot.cache = EngineCache {
+                        kv_capacity_tokens: p.kv_blocks * p.block_size,
+                        prefix_queries: engine.stats().prefix_queries,
+                        prefix_hits: engine.stats().prefix_hits,
+                    };
+                }
                 self.schedule(Input::Snapshot { backend: e as u16, snapshot });
             }
         }

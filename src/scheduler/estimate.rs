@@ -86,6 +86,8 @@
 
 use crate::clock::Tick;
 
+use super::EngineCache;
+
 /// First bytes per rate sample.
 pub const WINDOW_EVENTS: u32 = 8;
 /// Rate samples in the windowed maximum.
@@ -217,7 +219,7 @@ impl Prefill {
             return;
         }
         let old = self.budget;
-        if waiting < WAITING_TARGET && pending >= WAITING_TARGET + 1 {
+        if waiting < WAITING_TARGET && pending > WAITING_TARGET {
             // Every request sent is running: the engine could take more than the budget
             // lets through, and would run dry when they finish.
             self.budget = (old + old.div_ceil(4)).min(BUDGET_MAX);
@@ -239,16 +241,11 @@ impl Prefill {
         self.windows[self.windows_next] = sample;
         self.windows_next = (self.windows_next + 1) % RATE_WINDOWS;
         self.windows_len = (self.windows_len + 1).min(RATE_WINDOWS);
-        // The median window by rate: insertion sort of at most RATE_WINDOWS pairs.
+        // The median window by rate (ties by tokens, then ticks: a total order, so the median
+        // does not depend on where the windows sit in the ring).
         let mut sorted = self.windows;
         let live = &mut sorted[..self.windows_len];
-        for i in 1..live.len() {
-            let mut k = i;
-            while k > 0 && faster(live[k - 1], live[k]) {
-                live.swap(k - 1, k);
-                k -= 1;
-            }
-        }
+        live.sort_unstable_by(|&a, &b| rate_order(a, b));
         self.rate = live[live.len() / 2];
         self.rate_at = now;
     }
@@ -259,9 +256,10 @@ impl Prefill {
     }
 }
 
-/// Whether rate `a` (tokens, ticks) is faster than `b`.
-fn faster(a: (u64, u64), b: (u64, u64)) -> bool {
-    u128::from(a.0) * u128::from(b.1) > u128::from(b.0) * u128::from(a.1)
+/// Rates `(tokens, ticks)` ordered slowest first, ties by tokens then ticks.
+pub fn rate_order(a: (u64, u64), b: (u64, u64)) -> std::cmp::Ordering {
+    let (x, y) = (u128::from(a.0) * u128::from(b.1), u128::from(b.0) * u128::from(a.1));
+    x.cmp(&y).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1))
 }
 
 /// What a backend's engine said about its caches, and the calibration of its prefix index.
@@ -332,7 +330,7 @@ impl CacheModel {
             self.kv_capacity_tokens = u64::from(capacity);
             self.kv_capacity_at = now;
         }
-        let known = queries != super::EngineCache::NO_COUNTER && hits != super::EngineCache::NO_COUNTER;
+        let known = queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER;
         if !known {
             return changed;
         }
@@ -374,7 +372,7 @@ impl CacheModel {
         // Markedly: a quarter more or less than the engine found, and not a rounding of a
         // few blocks (1 % of the period's tokens).
         let slack = tokens / 100;
-        if predicted > engine + engine / 4 + slack {
+        if predicted > engine + engine / 2 + slack {
             self.index_scale = (old - old / 4).max(INDEX_SCALE_MIN);
         } else if predicted + predicted / 4 + slack < engine {
             self.index_scale = (old + old.div_ceil(4)).min(INDEX_SCALE_MAX);
@@ -459,15 +457,13 @@ impl Learned {
 mod tests {
     use super::*;
 
-    /// Feeds `n` first bytes of `tokens` each to a backend that clears `rate` tokens per tick
-    /// with a fixed `latency`, one request at a time with `depth` queued behind; returns when
-    /// the last first byte arrived.
-    fn feed(p: &mut Prefill, mut now: Tick, n: u32, tokens: u64, rate: u64, latency: Tick) -> Tick {
+    /// `n` requests of `tokens` each served back to back by an engine clearing `rate` tokens
+    /// per tick: each admitted while its predecessor is still pending. Returns the last tick.
+    fn back_to_back(p: &mut Prefill, mut now: Tick, n: u32, tokens: u64, rate: u64) -> Tick {
         for _ in 0..n {
-            p.admitted(now, true);
-            let admitted = now;
-            now += tokens / rate + latency;
-            p.first_byte(now, admitted, 0, tokens);
+            let admitted = now.saturating_sub(1);
+            now += tokens / rate;
+            p.first_byte(now, admitted, tokens);
         }
         now
     }
@@ -484,71 +480,76 @@ mod tests {
         assert_eq!(r.tokens(1000), 200, "old samples fade once past the horizon");
         assert_eq!(r.tokens(1), 1, "a non-empty body is at least one token");
         assert_eq!(r.tokens(0), 0);
+        r.observe(0, 5, 3);
+        r.observe(5, 0, 3);
+        assert_eq!(r.samples, 100_001, "empty samples are ignored");
     }
 
     #[test]
-    fn rate_is_measured_over_busy_time_only() {
+    fn the_rate_counts_only_time_the_engine_had_the_next_request() {
         let mut p = Prefill::NEW;
-        // 8 requests of 1,000 tokens back to back, each taking 100 ticks: 10 tokens per tick.
-        let mut now = 0;
-        p.admitted(now, true);
-        for _ in 0..8 {
-            let admitted = now;
-            now += 100;
-            p.admitted(admitted, false);
-            p.first_byte(now, admitted, 0, 1000);
-        }
-        assert_eq!(p.rate, (8000, 800));
-        // A long idle gap, then the same again: still 10 per tick, the gap is not busy time.
-        now += 1_000_000;
-        p.admitted(now, true);
-        for _ in 0..8 {
-            let admitted = now;
-            now += 100;
-            p.first_byte(now, admitted, 0, 1000);
-        }
+        // 10 tokens per tick, back to back: the first of a busy period measures nothing (its
+        // start includes the trip to the engine), the others their own service.
+        let now = back_to_back(&mut p, 1000, 2 * WINDOW_EVENTS + 1, 1000, 10);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+        // An idle gap, then a request admitted after the last first byte: no sample from it.
+        let windows = p.windows_len;
+        p.first_byte(now + 1_000_000 + 150, now + 1_000_000, 1000);
+        assert_eq!((p.windows_len, p.window_events), (windows, 0), "idle starts are not service");
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
     }
 
     #[test]
-    fn a_slower_engine_is_followed_within_the_window_count() {
+    fn a_step_change_in_engine_speed_is_followed_within_half_the_windows() {
         let mut p = Prefill::NEW;
-        let now = feed(&mut p, 0, 64, 1000, 10, 0);
+        let now = back_to_back(&mut p, 1, WINDOW_EVENTS * RATE_WINDOWS as u32 + 1, 1000, 10);
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
-        // Half the speed: the fast windows age out after RATE_WINDOWS windows.
-        let now = feed(&mut p, now, WINDOW_EVENTS * (RATE_WINDOWS as u32 - 1), 1000, 5, 0);
-        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "not yet: one fast window remains");
-        feed(&mut p, now, WINDOW_EVENTS, 1000, 5, 0);
+        // Half the speed: the median moves once more than half the windows are slow.
+        let half = RATE_WINDOWS as u32 / 2;
+        let now = back_to_back(&mut p, now, WINDOW_EVENTS * half, 1000, 5);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "half the windows are not enough");
+        let now = back_to_back(&mut p, now, WINDOW_EVENTS, 1000, 5);
         assert_eq!(p.tokens_per_second(1.0), Some(5.0));
+        // And back up.
+        back_to_back(&mut p, now, WINDOW_EVENTS * (half + 1), 1000, 10);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0));
     }
 
     #[test]
-    fn latency_is_the_median_residual_and_gives_the_budget() {
-        let mut p = Prefill::NEW;
-        assert_eq!(p.budget(), None, "nothing learned");
-        // 10 tokens per tick, and a fixed 50 ticks on top of each request's own prefill.
-        feed(&mut p, 0, 64, 1000, 10, 50);
-        let rate = p.tokens_per_second(1.0).expect("measured");
-        // The busy time includes the latency: 1000 tokens per 150 ticks.
-        assert!((rate - 1000.0 / 150.0).abs() < 1e-9, "{rate}");
-        // Residual = ttfb - tokens / rate = 150 - 150 = 0 → clamped to 1 tick.
-        assert_eq!(p.latency, 1);
+    fn an_engine_that_never_answers_teaches_nothing() {
+        let p = Prefill::NEW;
+        assert_eq!(p.tokens_per_second(1.0), None);
+        assert_eq!(p.budget, BUDGET_UNLEARNED);
     }
 
     #[test]
-    fn work_ahead_is_not_latency() {
+    fn the_budget_keeps_one_request_waiting_in_the_engine() {
         let mut p = Prefill::NEW;
-        feed(&mut p, 0, 16, 1000, 10, 0);
-        // A request admitted behind 4,000 tokens takes 500 ticks: residual 0.
-        let mut now = 10_000;
-        for _ in 0..LATENCY_SAMPLES {
-            p.admitted(now, true);
-            let admitted = now;
-            now += 500 + 30;
-            p.first_byte(now, admitted, 4000, 1000);
+        // Not held back (the queue is empty or the budget never filled): nothing to learn.
+        p.engine_queue(1, 0, 4, false);
+        assert_eq!(p.budget, BUDGET_UNLEARNED);
+        // Held back, and the engine runs every request it was sent: a quarter more.
+        p.engine_queue(2, 0, 4, true);
+        assert_eq!(p.budget, BUDGET_UNLEARNED + BUDGET_UNLEARNED / 4);
+        assert_eq!(p.budget_at, 2);
+        // One request pending and running says nothing about room: it may fill the steps.
+        let b = p.budget;
+        p.engine_queue(3, 0, 1, true);
+        assert_eq!(p.budget, b);
+        // Exactly the target waiting: hold.
+        p.engine_queue(4, WAITING_TARGET, 4, true);
+        assert_eq!(p.budget, b);
+        // More waiting than the target: an eighth less, down to the floor.
+        p.engine_queue(5, 3, 4, true);
+        assert_eq!(p.budget, b - b / 8);
+        for t in 6..1000 {
+            p.engine_queue(t, 3, 4, true);
         }
-        assert_eq!(p.latency, 30);
-        assert_eq!(p.budget(), Some(2 * 10 * 30));
+        assert_eq!(p.budget, BUDGET_MIN);
+        for t in 1000..2000 {
+            p.engine_queue(t, 0, 4, true);
+        }
+        assert_eq!(p.budget, BUDGET_MAX);
     }
 
     #[test]
@@ -556,20 +557,42 @@ mod tests {
         let mut c = CacheModel::NEW;
         let nominal = 1000;
         assert_eq!(c.index_blocks(nominal), 2000, "starts at twice nominal");
+        // The index predicted a tenth cached, the engine found half: grow by a quarter.
         c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 10);
-        c.usage(1000, 300, 1000);
-        c.period_engine = CALIBRATION_TOKENS / 2;
+        c.usage(1000, 500, CALIBRATION_TOKENS);
         assert!(c.calibrate(5));
         assert_eq!(c.index_blocks(nominal), 2500);
+        // Predicted half, the engine found a tenth: shrink by a quarter.
         c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 2);
-        c.usage(1000, 100, 1000);
-        c.period_engine = CALIBRATION_TOKENS / 10;
+        c.usage(1000, 100, CALIBRATION_TOKENS);
         assert!(c.calibrate(6));
-        assert_eq!(c.index_blocks(nominal), 2000 - 500 + 250 * 0);
-        // Close enough: no change.
+        assert_eq!(c.index_blocks(nominal), 2000);
+        // Within the band: no change.
         c.placed(CALIBRATION_TOKENS, CALIBRATION_TOKENS / 10);
-        c.usage(1000, 100, 1000);
-        c.period_engine = CALIBRATION_TOKENS / 10;
+        c.usage(1000, 110, CALIBRATION_TOKENS);
         assert!(!c.calibrate(7));
+        // Not enough tokens yet: nothing closes.
+        c.placed(CALIBRATION_TOKENS / 2, 0);
+        assert!(!c.calibrate(8));
+    }
+
+    #[test]
+    fn engine_counters_stand_in_for_missing_usage_and_a_restart_is_not_a_sample() {
+        let mut c = CacheModel::NEW;
+        assert!(c.snapshot(1, 442_368, 1_000, 100), "a capacity is news");
+        assert!(!c.snapshot(2, 442_368, 1_000, 100), "the same capacity is not");
+        c.placed(CALIBRATION_TOKENS, 0);
+        c.snapshot(3, 0, 3_000, 1_100);
+        assert_eq!(c.counter_micro, Some(500_000));
+        assert_eq!(c.kv_capacity_tokens, 442_368, "a scrape without capacity keeps it");
+        assert!(c.calibrate(4), "predicted nothing, the counters say half: grow");
+        // The engine restarted: its counters went down. No sample, the new values kept.
+        c.snapshot(5, 0, 10, 1);
+        assert_eq!(c.counter_micro, Some(500_000));
+        c.snapshot(6, 0, 110, 101);
+        assert_eq!(c.counter_micro, Some(1_000_000));
+        // Counters that disappear leave the last ratio alone.
+        c.snapshot(7, 0, EngineCache::NO_COUNTER, EngineCache::NO_COUNTER);
+        assert_eq!(c.counter_micro, Some(1_000_000));
     }
 }

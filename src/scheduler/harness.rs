@@ -9,7 +9,10 @@ use std::collections::BTreeSet;
 use crate::clock::Tick;
 
 use super::reference::Reference;
-use super::{Arrival, Input, Lane, Output, Params, RequestId, Routing, Scheduler, Snapshot};
+use super::{
+    Arrival, Budget, EngineCache, IndexSize, Input, Lane, Output, Params, RequestId, Routing,
+    Scheduler, Snapshot, Usage,
+};
 
 /// Reads bytes as small numbers; past the end it yields zeros.
 #[derive(Debug)]
@@ -51,7 +54,10 @@ fn params(bytes: &mut Bytes) -> Params {
     // waits from none to long.
     let prefix = super::PrefixParams {
         block_bytes: 256,
-        index_blocks: 2 + bytes.below(10),
+        index_blocks: match bytes.below(3) {
+            0 => IndexSize::Auto { default_blocks: 2 + bytes.below(10) },
+            _ => IndexSize::Blocks(2 + bytes.below(10)),
+        },
         scan_max: 1 + bytes.below(4),
         slack_tokens: [0, 64, 200, 1 << 20][bytes.below(4) as usize],
         wait_max: [0, 3 * RESOLUTION, 20 * RESOLUTION][bytes.below(3) as usize],
@@ -63,7 +69,10 @@ fn params(bytes: &mut Bytes) -> Params {
         queue_timeout: [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)][bytes.below(3) as usize],
         max_queued: 1 + bytes.below(12),
         inflight_per_backend: 1 + bytes.below(3),
-        prefill_tokens_per_backend: [0, 1000, 50][bytes.below(3) as usize],
+        prefill_tokens_per_backend: match bytes.below(4) {
+            0 => Budget::Auto,
+            n => Budget::Tokens([0, 1000, 50][n as usize - 1]),
+        },
         max_sessions: 1 + bytes.below(6),
         max_overtakes: bytes.below(4),
         boosted_streak_max: bytes.below(3),
@@ -82,6 +91,8 @@ struct Live {
     queued: Vec<u64>,
     admitted: Vec<u64>,
     next_id: u64,
+    /// The last prefix-cache counters reported, queries and hits.
+    counters: (u64, u64),
 }
 
 impl Live {
@@ -144,11 +155,11 @@ fn decode_input(
         0..=4 => {
             live.next_id += 1;
             let session_pick = bytes.below(8);
-            let mut tokens = [0, 40, 700, 3000][bytes.below(4) as usize];
+            let mut body = [0, 160, 2800, 12_000, 400_000][bytes.below(5) as usize];
             let slot = match prompt {
                 Some((pool, blocks)) => {
                     decode_blocks(bytes, blocks);
-                    tokens += blocks.len() as u32 * 64;
+                    body += blocks.len() as u32 * 256;
                     match pool.acquire() {
                         Some(slot) => {
                             pool.with(slot, |hashes| hashes.extend_from_slice(blocks));
@@ -165,21 +176,47 @@ fn decode_input(
             Input::Arrive(Arrival {
                 id: RequestId(live.next_id),
                 session: (session_pick < 6).then_some(u64::from(session_pick)),
-                prompt_tokens: tokens,
+                prompt_bytes: body,
                 streaming: bytes.below(2) == 0,
                 prompt: slot,
             })
         }
         5 => Input::Cancel(live.pick(bytes, false)),
         6 => Input::FirstByte(live.pick(bytes, true)),
-        7..=9 => Input::Complete { id: live.pick(bytes, true), success: bytes.below(4) != 0 },
+        7..=9 => {
+            let id = live.pick(bytes, true);
+            let success = bytes.below(4) != 0;
+            let prompt_tokens = [0, 40, 700, 3000, 100_000][bytes.below(5) as usize];
+            let cached = match bytes.below(4) {
+                0 => Usage::UNKNOWN_CACHED,
+                1 => 0,
+                2 => prompt_tokens / 2,
+                _ => prompt_tokens,
+            };
+            Input::Complete { id, success, usage: Usage { prompt_tokens, cached_tokens: cached } }
+        }
         10 => Input::Retry(live.pick(bytes, true)),
         11 | 12 => {
-            let snapshot = Snapshot::new(
+            let mut snapshot = Snapshot::new(
                 bytes.below(5) != 0,
-                [None, Some(0), Some(0), Some(2)][bytes.below(4) as usize],
+                [None, Some(0), Some(0), Some(2), Some(1)][bytes.below(5) as usize],
                 now.saturating_sub(u64::from(bytes.below(4)) * 3 * RESOLUTION),
             );
+            if bytes.below(2) == 0 {
+                // The counters mostly grow (by up to 2^20 tokens), and sometimes restart.
+                live.counters.0 = match bytes.below(8) {
+                    0 => u64::from(bytes.below(100)),
+                    _ => live.counters.0 + (u64::from(bytes.byte()) << 12),
+                };
+                let share = u64::from(bytes.below(5));
+                live.counters.1 =
+                    (live.counters.1 + (live.counters.0 * share / 4)).min(live.counters.0);
+                snapshot.cache = EngineCache {
+                    kv_capacity_tokens: [0, 300, 3000, 100_000][bytes.below(4) as usize],
+                    prefix_queries: live.counters.0,
+                    prefix_hits: live.counters.1,
+                };
+            }
             Input::Snapshot { backend: bytes.below(u32::from(backends)) as u16, snapshot }
         }
         13 if bytes.below(8) == 0 => Input::Shutdown,
@@ -254,6 +291,9 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
         );
         let (a, b) = (real.backend_prefill_tokens(backend), model.backend_prefill_tokens(backend));
         assert_eq!(a, b, "prefill of {backend}, {}", context());
+        let e = real.backend_estimates(backend);
+        let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity);
+        assert_eq!(a, model.backend_estimates(backend), "estimates of {backend}, {}", context());
     }
     assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());
 }

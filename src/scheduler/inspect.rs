@@ -142,7 +142,8 @@ impl Scheduler {
         self.queue.for_each_admitted(|index, entry| {
             inflight[usize::from(entry.backend)] += 1;
             if entry.prefill_pending {
-                prefill[usize::from(entry.backend)] += u64::from(self.learned.backlog[index as usize]);
+                prefill[usize::from(entry.backend)] +=
+                    u64::from(self.learned.backlog[index as usize]);
                 pending[usize::from(entry.backend)] += 1;
             }
         });

@@ -575,9 +575,9 @@ impl Scheduler {
         // One lookup serves the boost decision (S1) and the session's backend (S7).
         let last_turn = arrival.session.and_then(|session| self.tracker.lookup(session));
         let mut completion = last_turn.filter(|_| self.params.boost);
-        if completion.is_some_and(|turn| !self.repeats(arrival.prompt, turn.prompt)) {
-            // S16 refinement: a follow-up that does not repeat its previous turn's prompt
-            // has no warm cache to gain from going first.
+        if completion.is_some() && !self.warm(arrival.prompt) {
+            // S16 refinement: a follow-up whose prefix no engine is predicted to hold has no
+            // warm cache to gain from going first.
             completion = None;
             self.stats.boost_declined += 1;
         }
@@ -680,7 +680,6 @@ impl Scheduler {
             return;
         };
         let entry = *self.queue.get(index);
-        let mark = self.prompt_mark(index);
         self.learn_usage(now, &entry, usage);
         self.release_slot(index);
         self.drop_prompt(index);
@@ -690,7 +689,7 @@ impl Scheduler {
         }
         self.backends[usize::from(entry.backend)].consecutive_failures = 0;
         if entry.has_session {
-            self.tracker.complete_marked(entry.session, now, entry.backend, mark);
+            self.tracker.complete(entry.session, now, entry.backend);
             self.start_hold(now, entry.session, entry.backend);
         }
     }
@@ -777,6 +776,8 @@ impl Scheduler {
             self.resize_index(backend);
         }
         let stale_after = self.params.metrics_stale_after;
+        let auto = self.params.prefill_tokens_per_backend == Budget::Auto;
+        let queued = self.queue.queued() > 0;
         let state = &mut self.backends[usize::from(backend)];
         let was_usable = state.usable();
         state.healthy = snapshot.healthy;
@@ -786,13 +787,14 @@ impl Scheduler {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
-        if let (Budget::Auto, Some(waiting)) = (self.params.prefill_tokens_per_backend, snapshot.waiting) {
-            // Of the engine's waiting requests, as many as warmpath has pending there are
-            // taken to be its own (a request it sent and the engine has not started has no
-            // first byte); the rest are someone else's, and only those gate the backend.
+        if let (true, Some(waiting)) = (auto, snapshot.waiting) {
+            // Of the engine's waiting requests, as many as warmpath has pending there are taken
+            // to be its own (a request it sent and the engine has not started has no first
+            // byte): those steer the budget; the rest are someone else's, and only those gate
+            // the backend (policy.rs).
             let own = waiting.min(state.prefill_pending);
             state.waiting = Some(waiting - own);
-            let held_back = std::mem::take(&mut state.budget_filled) && self.queue.queued() > 0;
+            let held_back = std::mem::take(&mut state.budget_filled) && queued;
             let prefill = &mut self.learned.prefill[usize::from(backend)];
             prefill.engine_queue(now, own, state.prefill_pending, held_back);
             state.budget = prefill.budget;
@@ -800,7 +802,7 @@ impl Scheduler {
         let is_usable = state.usable();
         let old_timer = state.stale_timer.take();
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
-        let arm = snapshot.waiting.is_some_and(|waiting| waiting > 0) && stale_at > now;
+        let arm = state.waiting.is_some_and(|waiting| waiting > 0) && stale_at > now;
         if let Some(key) = old_timer {
             self.wheel.cancel(key);
         }

@@ -26,12 +26,13 @@
 //! - The index is updated at admission (every block of the prompt, first to last), so two
 //!   requests that share a system prompt and are admitted one after the other see each
 //!   other's placement.
-//! - A follow-up is boosted (S1) only if its prompt repeats at least the first half of its
-//!   session's previous prompt (the hash of the block at the half sits at the same place in its
-//!   chain; [`PromptMark`]): repeating the history is the premise of session boost, and a
-//!   "follow-up" that does not (a RAG turn with fresh passages) has little warm cache to gain
-//!   from going first, while going first costs everyone else. Counted in
-//!   `Stats::boost_declined`.
+//! - A follow-up is boosted (S1) only if it is *warm*: some backend's index holds at least half
+//!   of its prompt's blocks. A warm cache is the premise of session boost ("warmest cache
+//!   first"); a follow-up whose prefix no engine still holds (its conversation paused longer than
+//!   the engines keep prefixes, or a RAG turn with fresh passages) gains nothing from going first
+//!   but its own latency, and going first costs every first turn behind it. Measured: on
+//!   Mooncake at 95 % load boosting cold follow-ups too made all-request TTFT p99 2.4x worse
+//!   (`perf/RESULTS.md`). Counted in `Stats::boost_declined`.
 //! - A request without block hashes (its prompt is shorter than a block, or the prompt pool
 //!   was exhausted) costs its whole prompt everywhere: it goes where the backlog is lowest.
 
@@ -41,7 +42,6 @@ use crate::clock::Tick;
 
 use super::prefix::{PrefixIndex, PromptPool, NO_PROMPT};
 use super::queue::NO_BACKEND;
-use super::tracker::PromptMark;
 use super::wheel::TimerKey;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
 
@@ -103,7 +103,8 @@ impl Prefix {
         self.prompt_of.resize(arena as usize, NO_PROMPT);
         let backends = usize::from(params.backends);
         while self.indexes.len() < backends {
-            self.indexes.push(PrefixIndex::with_capacity(params.prefix.index_blocks.initial() as usize));
+            self.indexes
+                .push(PrefixIndex::with_capacity(params.prefix.index_blocks.initial() as usize));
         }
         self.matched.resize(backends, 0);
         let scan = params.prefix.scan_max as usize;
@@ -149,22 +150,14 @@ impl Scheduler {
         }
     }
 
-    /// The end of entry `index`'s prompt chain, if its hashes are known.
-    pub(super) fn prompt_mark(&self, index: u32) -> PromptMark {
-        let Some(prefix) = &self.prefix else { return PromptMark::NONE };
-        match prefix.prompt_of[index as usize] {
-            NO_PROMPT => PromptMark::NONE,
-            slot => prefix.pool.with(slot, |hashes| PromptMark::of(hashes)),
-        }
-    }
-
-    /// Whether the prompt in pool slot `prompt` starts with the prompt `previous` marks (true
-    /// whenever either is unknown, and always without prefix-cost).
-    pub(super) fn repeats(&self, prompt: u32, previous: PromptMark) -> bool {
+    /// Whether the prompt in pool slot `prompt` is *warm*: some backend's index holds at least
+    /// half of its blocks (true when its hashes are unknown, and always without prefix-cost).
+    pub(super) fn warm(&self, prompt: u32) -> bool {
         match (&self.prefix, prompt) {
-            (Some(prefix), slot) if slot != NO_PROMPT && previous.blocks > 0 => {
-                prefix.pool.with(slot, |hashes| previous.extended_by(hashes))
-            }
+            (Some(prefix), slot) if slot != NO_PROMPT => prefix.pool.with(slot, |hashes| {
+                let best = prefix.indexes.iter().map(|index| index.matched(hashes)).max();
+                best.unwrap_or(0) * 2 >= hashes.len()
+            }),
             _ => true,
         }
     }
@@ -297,7 +290,8 @@ impl Scheduler {
             let wait = match rate {
                 (0, _) => wait_max,
                 (tokens, ticks) => {
-                    let t = u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    let t =
+                        u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
                     u64::try_from(t).unwrap_or(u64::MAX).min(wait_max)
                 }
             };

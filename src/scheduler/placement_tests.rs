@@ -17,7 +17,7 @@ fn params(backends: u16, inflight_per_backend: u32) -> Params {
         queue_timeout: None,
         max_queued: 100,
         inflight_per_backend,
-        prefill_tokens_per_backend: GATE,
+        prefill_tokens_per_backend: Budget::Tokens(GATE),
         max_sessions: 100,
         max_overtakes: 16,
         boosted_streak_max: 0,
@@ -65,7 +65,7 @@ impl H {
         let prompt = pool.acquire().expect("a free slot");
         pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
         let arrival =
-            Arrival { id: RequestId(id), session, prompt_tokens: tokens, streaming, prompt };
+            Arrival { id: RequestId(id), session, prompt_bytes: tokens * 4, streaming, prompt };
         self.send(Input::Arrive(arrival))
     }
 
@@ -74,7 +74,7 @@ impl H {
     }
 
     fn complete(&mut self, id: u64) -> Vec<(u64, u16)> {
-        self.send(Input::Complete { id: RequestId(id), success: true })
+        self.send(Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE })
     }
 }
 
@@ -125,12 +125,13 @@ fn a_request_waits_for_its_busy_backend_when_the_other_costs_more_than_the_slack
 #[test]
 fn a_request_takes_an_eligible_backend_within_the_slack() {
     let mut h = H::new(params(2, 8));
-    // 40 blocks: 2,560 tokens, all cached on backend 0 once sent.
-    assert_eq!(h.arrive(1, Some(7), &chain(1, 40), 40 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    // 30 blocks: 1,920 tokens, all cached on backend 0 once sent.
+    assert_eq!(h.arrive(1, Some(7), &chain(1, 30), 30 * BLOCK_TOKENS, false), vec![(1, 0)]);
     h.complete(1);
     make_busy(&mut h, 2, 0);
-    // Cost on 0: its backlog (2,000) + 64; on 1: 2,624. Within 2,048 of the cheapest.
-    assert_eq!(h.arrive(3, Some(7), &chain(1, 41), 41 * BLOCK_TOKENS, false), vec![(3, 1)]);
+    // Backend 0 is the cheapest but busy; backend 1 would prefill 1,984 tokens where 0 would
+    // prefill 64: 1,920 more, within the 2,048 tokens of slack.
+    assert_eq!(h.arrive(3, Some(7), &chain(1, 31), 31 * BLOCK_TOKENS, false), vec![(3, 1)]);
     assert_eq!(h.s.stats().placement_waits, 0);
 }
 
@@ -210,7 +211,7 @@ fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
     let arrival = Arrival {
         id: RequestId(1),
         session: None,
-        prompt_tokens: 100,
+        prompt_bytes: 400,
         streaming: false,
         prompt: NO_PROMPT,
     };
@@ -227,28 +228,29 @@ fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
 }
 
 #[test]
-fn only_a_follow_up_that_repeats_its_previous_prompt_is_boosted() {
+fn only_a_warm_follow_up_is_boosted() {
     let mut h = H::new(params(1, 1));
     assert_eq!(h.arrive(1, Some(7), &chain(1, 10), 10 * BLOCK_TOKENS, false), vec![(1, 0)]);
     h.complete(1);
     assert_eq!(h.arrive(2, None, &chain(900, 1), BLOCK_TOKENS, false), vec![(2, 0)]);
     // Queued behind the running request: a first turn, then a "follow-up" of session 7 that
-    // starts afresh (a RAG turn with new passages), then one that repeats turn 1's prompt.
+    // starts afresh (a RAG turn with new passages: nothing of it cached), then one whose first
+    // 10 of 12 blocks (turn 1's prompt) are in backend 0's index.
     assert_eq!(h.arrive(3, None, &chain(800, 2), 2 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(h.arrive(4, Some(7), &chain(500, 12), 12 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(h.arrive(5, Some(7), &chain(1, 12), 12 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(h.s.stats().boost_declined, 1);
     assert_eq!(h.s.depth(Lane::Boosted), 1);
-    // The repeating follow-up goes first; the other waits its turn in arrival order.
+    // The warm follow-up goes first; the cold one waits its turn in arrival order.
     assert_eq!(h.complete(2), vec![(5, 0)]);
     assert_eq!(h.complete(5), vec![(3, 0)]);
     assert_eq!(h.complete(3), vec![(4, 0)]);
     h.complete(4);
-    // Repeating the first half of the previous prompt (its 6 of 12 blocks) is enough; 5 is not.
-    let mut half = chain(500, 6);
-    half.extend(chain(7000, 4));
-    let mut less = chain(500, 5);
-    less.extend(chain(8000, 5));
+    // Half of the prompt held by an index (turn 4's first 5 blocks of 10) is warm; 4 is not.
+    let mut half = chain(500, 5);
+    half.extend(chain(7000, 5));
+    let mut less = chain(500, 4);
+    less.extend(chain(8000, 6));
     assert_eq!(h.arrive(6, None, &chain(900, 1), BLOCK_TOKENS, false), vec![(6, 0)]);
     assert_eq!(h.arrive(7, Some(7), &less, 10 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(h.arrive(8, Some(7), &half, 10 * BLOCK_TOKENS, false), vec![]);

@@ -11,16 +11,24 @@
 //! search over its chain as [`super::prefix::PrefixIndex::matched`], because that search *is*
 //! the definition of a match (CLOCK may evict an early block of a chain and keep a later one,
 //! where a longest-prefix scan and the search disagree; the index is approximate by design).
+//!
+//! What the scheduler learns (issue [8], [`super::estimate`]) is restated from its definition
+//! with plain arithmetic: tokens per byte as the two halved sums, each backend's prefill rate as
+//! the median of its last closed windows kept in a growing list, the budget's moves on each
+//! snapshot, the calibration periods of the index size, and the index rebuilt by re-inserting
+//! from the hand. The integer formulas are the definitions, so they are written out the same.
 //! [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
 //! compares every output.
 
 use crate::clock::Tick;
 
+use super::estimate::{self, rate_order};
+use super::placement::{CACHE_WEIGHT, INDEX_BLOCKS_MAX};
 use super::prefix::NO_PROMPT;
 use super::tracker::reference::SessionTracker;
-use super::tracker::PromptMark;
 use super::{
-    Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Snapshot, Stats,
+    Arrival, Budget, EngineCache, IndexSize, Input, Lane, Output, Params, RejectReason, RequestId,
+    Routing, Snapshot, Stats, Usage,
 };
 
 const NONE: u16 = u16::MAX;
@@ -36,7 +44,7 @@ struct Queued {
     boost_mark: u64,
     deadline: Option<Tick>,
     retry_order: u64,
-    prompt_tokens: u32,
+    prompt_bytes: u32,
     streaming: bool,
     retries: u8,
     avoid: u16,
@@ -53,6 +61,27 @@ struct Admitted {
     prefill_pending: bool,
     /// Tokens counted in the backend's prefill backlog while pending.
     backlog: u32,
+    admitted_at: Tick,
+}
+
+/// What the reference learns of a backend.
+#[derive(Debug, Clone)]
+struct Learned {
+    last_first_byte: Tick,
+    /// The window being filled: tokens, ticks, first bytes.
+    window: (u64, u64, u32),
+    /// Every closed window, oldest first.
+    windows: Vec<(u64, u64)>,
+    budget: u64,
+    /// The backlog reached the budget since the last snapshot.
+    filled: bool,
+    capacity: u64,
+    counters: Option<(u64, u64)>,
+    /// The calibration period: tokens placed, predicted cached, engine cached; per-response
+    /// figures seen.
+    period: (u64, u64, u64, bool),
+    counter_seen: bool,
+    index_scale: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +119,11 @@ pub struct Reference {
     placement_deadline: Option<Tick>,
     /// S16: the block hashes of the next arrival (set by the harness).
     next_blocks: Vec<u64>,
+    /// Tokens per byte as (tokens, bytes, samples).
+    tokens: (u64, u64, u64),
+    learned: Vec<Learned>,
+    /// Each index's capacity, blocks.
+    index_capacity: Vec<usize>,
 }
 
 impl Reference {
@@ -119,10 +153,35 @@ impl Reference {
             shutting_down: false,
             stats: Stats::default(),
             indexes: (0..params.backends)
-                .map(|_| SessionTracker::with_capacity(params.prefix.index_blocks as usize))
+                .map(|_| {
+                    SessionTracker::with_capacity(params.prefix.index_blocks.initial() as usize)
+                })
                 .collect(),
             placement_deadline: None,
             next_blocks: Vec::new(),
+            tokens: (1, 4, 0),
+            index_capacity: vec![
+                params.prefix.index_blocks.initial() as usize;
+                usize::from(params.backends)
+            ],
+            learned: vec![
+                Learned {
+                    last_first_byte: 0,
+                    window: (0, 0, 0),
+                    windows: Vec::new(),
+                    budget: match params.prefill_tokens_per_backend {
+                        Budget::Auto => estimate::BUDGET_UNLEARNED,
+                        Budget::Tokens(tokens) => tokens,
+                    },
+                    filled: false,
+                    capacity: 0,
+                    counters: None,
+                    period: (0, 0, 0, false),
+                    counter_seen: false,
+                    index_scale: estimate::INDEX_SCALE_START,
+                };
+                usize::from(params.backends)
+            ],
             p: params,
         }
     }
@@ -154,6 +213,17 @@ impl Reference {
         self.prefill(backend)
     }
 
+    /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
+    /// index capacity (the ticks of each change are not restated: zero here and compared as
+    /// such by the harness after clearing them on the real side).
+    pub fn backend_estimates(&self, backend: u16) -> (u64, u64, u64, u64, u64) {
+        let b = usize::from(backend);
+        let rate = self.rate(backend);
+        let index =
+            if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
+        (rate.0, rate.1, self.learned[b].budget, self.learned[b].capacity, index)
+    }
+
     /// The tick at which the earliest timer fires.
     pub fn next_wakeup(&self) -> Option<Tick> {
         let deadlines = self.queued.iter().filter_map(|q| q.deadline);
@@ -179,8 +249,8 @@ impl Reference {
         match input {
             Input::Arrive(arrival) => self.arrive(now, arrival, out),
             Input::Cancel(id) => self.cancel(id),
-            Input::FirstByte(id) => self.first_byte(id),
-            Input::Complete { id, success } => self.complete(now, id, success),
+            Input::FirstByte(id) => self.first_byte(now, id),
+            Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
             Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
             Input::Tick => {}
@@ -228,14 +298,11 @@ impl Reference {
         }
         let last_turn = arrival.session.and_then(|s| self.tracker.lookup(s));
         let mut completion = last_turn.filter(|_| self.p.boost);
-        // S16: only a prompt that repeats the previous turn's is boosted.
+        // S16: only a follow-up whose prompt is at least half held by some index is boosted.
         let prefix_cost = self.p.routing == Routing::PrefixCost;
-        if let Some(turn) = completion.filter(|_| prefix_cost && arrival.prompt != NO_PROMPT) {
-            let mark = turn.prompt;
-            let repeats = mark.blocks == 0
-                || blocks.len() >= mark.blocks as usize
-                    && blocks[mark.blocks as usize - 1] == mark.tail;
-            if !repeats {
+        if completion.is_some() && prefix_cost && arrival.prompt != NO_PROMPT {
+            let best = (0..self.p.backends).map(|b| self.matched(b, &blocks)).max().unwrap_or(0);
+            if best * 2 < blocks.len() {
                 completion = None;
                 self.stats.boost_declined += 1;
             }
@@ -250,7 +317,7 @@ impl Reference {
             boost_mark: self.boosted_admits,
             deadline: self.p.queue_timeout.map(|t| now.saturating_add(t)),
             retry_order: 0,
-            prompt_tokens: arrival.prompt_tokens,
+            prompt_bytes: arrival.prompt_bytes,
             streaming: arrival.streaming,
             retries: 0,
             avoid: NONE,
@@ -292,29 +359,84 @@ impl Reference {
         found
     }
 
-    fn first_byte(&mut self, id: RequestId) {
-        if let Some(index) = self.find_admitted(id) {
-            let backend = self.admitted[index].backend;
-            self.backends[usize::from(backend)].failures = 0;
-            self.admitted[index].prefill_pending = false;
+    fn first_byte(&mut self, now: Tick, id: RequestId) {
+        let Some(index) = self.find_admitted(id) else { return };
+        let a = &mut self.admitted[index];
+        self.backends[usize::from(a.backend)].failures = 0;
+        if !a.prefill_pending {
+            return;
         }
+        a.prefill_pending = false;
+        let (backend, admitted_at, tokens) = (a.backend, a.admitted_at, u64::from(a.backlog));
+        let l = &mut self.learned[usize::from(backend)];
+        // Admitted before the previous first byte: its service began at that first byte.
+        if admitted_at < l.last_first_byte {
+            l.window.0 += tokens;
+            l.window.1 += now - l.last_first_byte;
+            l.window.2 += 1;
+            if l.window.2 >= estimate::WINDOW_EVENTS {
+                let closed = (l.window.0, l.window.1.max(1));
+                l.window = (0, 0, 0);
+                if closed.0 > 0 {
+                    l.windows.push(closed);
+                }
+            }
+        }
+        l.last_first_byte = now;
     }
 
-    fn complete(&mut self, now: Tick, id: RequestId, success: bool) {
+    /// The learned prefill rate of `backend`: the median of its last windows, or `(0, 0)`.
+    fn rate(&self, backend: u16) -> (u64, u64) {
+        let windows = &self.learned[usize::from(backend)].windows;
+        let last = &windows[windows.len().saturating_sub(estimate::RATE_WINDOWS)..];
+        let mut sorted = last.to_vec();
+        sorted.sort_by(|&a, &b| rate_order(a, b));
+        sorted.get(sorted.len() / 2).copied().unwrap_or((0, 0))
+    }
+
+    /// The estimated tokens of `bytes` at the learned tokens per byte.
+    fn tokens_of(&self, bytes: u64) -> u64 {
+        let (tokens, per) = (self.tokens.0, self.tokens.1.max(1));
+        let estimate = u32::try_from(bytes * tokens / per).unwrap_or(u32::MAX);
+        u64::from(estimate.max(u32::from(bytes > 0)))
+    }
+
+    fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {
         let Some(index) = self.find_admitted(id) else { return };
         let done = self.admitted.remove(index);
+        let backend = done.backend;
+        if usage.prompt_tokens > 0 {
+            let bytes = u64::from(done.request.prompt_bytes);
+            let estimated = self.tokens_of(bytes);
+            if bytes > 0 {
+                if self.tokens.2 == 0 {
+                    (self.tokens.0, self.tokens.1) = (0, 0);
+                }
+                self.tokens.0 += u64::from(usage.prompt_tokens);
+                self.tokens.1 += bytes;
+                while self.tokens.1 > estimate::TOKEN_RATE_HORIZON {
+                    self.tokens.0 = self.tokens.0.div_ceil(2);
+                    self.tokens.1 = self.tokens.1.div_ceil(2);
+                }
+                self.tokens.2 += 1;
+            }
+            if usage.cached_tokens != Usage::UNKNOWN_CACHED {
+                let l = &mut self.learned[usize::from(backend)];
+                l.period.3 = true;
+                let scaled = u128::from(usage.cached_tokens) * u128::from(estimated)
+                    / u128::from(usage.prompt_tokens);
+                l.period.2 += u64::try_from(scaled).unwrap_or(u64::MAX);
+                if self.calibrate(backend) {
+                    self.resize_index(backend);
+                }
+            }
+        }
         if !success {
             return;
         }
-        let backend = done.backend;
         self.backends[usize::from(backend)].failures = 0;
         let Some(session) = done.request.session else { return };
-        // The half-prompt mark is a definition (see `PromptMark::of`), used as is.
-        let mark = match self.p.routing {
-            Routing::PrefixCost => PromptMark::of(&done.request.blocks),
-            _ => PromptMark::NONE,
-        };
-        self.tracker.complete_marked(session, now, backend, mark);
+        self.tracker.complete(session, now, backend);
         let grace_on = self.p.boost && self.p.grace_period > 0;
         let held = self.holds.iter().any(|hold| hold.0 == session);
         let slots = self.backend_inflight(backend) + self.holds_on(backend);
@@ -364,8 +486,38 @@ impl Reference {
     }
 
     fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+        let _ = now;
+        let cache = snapshot.cache;
+        let b = usize::from(backend);
+        let l = &mut self.learned[b];
+        let changed =
+            cache.kv_capacity_tokens != 0 && u64::from(cache.kv_capacity_tokens) != l.capacity;
+        if cache.kv_capacity_tokens != 0 {
+            l.capacity = u64::from(cache.kv_capacity_tokens);
+        }
+        let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);
+        if queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER {
+            if let Some((q0, h0)) = l.counters {
+                if queries >= q0 && hits >= h0 && queries > q0 {
+                    let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
+                    l.counter_seen = true;
+                    if !l.period.3 {
+                        let share = u128::from(dh) * u128::from(l.period.0) / u128::from(dq);
+                        l.period.2 = u64::try_from(share).unwrap_or(u64::MAX);
+                    }
+                }
+            }
+            l.counters = Some((queries, hits));
+        }
+        if changed || self.calibrate(backend) {
+            self.resize_index(backend);
+        }
         let stale_after = self.p.metrics_stale_after;
-        let state = &mut self.backends[usize::from(backend)];
+        let own =
+            self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
+        let own = own as u32;
+        let queued = !self.queued.is_empty();
+        let state = &mut self.backends[b];
         state.healthy = snapshot.healthy;
         if snapshot.healthy && state.ejected && snapshot.scraped_at > state.ejected_at {
             state.ejected = false;
@@ -373,9 +525,69 @@ impl Reference {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
+        if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
+        {
+            let mine = waiting.min(own);
+            state.waiting = Some(waiting - mine);
+            let l = &mut self.learned[b];
+            let held_back = std::mem::take(&mut l.filled) && queued;
+            if held_back {
+                let old = l.budget;
+                if mine < estimate::WAITING_TARGET && own > estimate::WAITING_TARGET {
+                    l.budget = (old + old.div_ceil(4)).min(estimate::BUDGET_MAX);
+                } else if mine > estimate::WAITING_TARGET {
+                    l.budget = (old - old / 8).max(estimate::BUDGET_MIN);
+                }
+            }
+        }
+        let state = &mut self.backends[b];
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
-        let positive = snapshot.waiting.is_some_and(|w| w > 0);
+        let positive = state.waiting.is_some_and(|w| w > 0);
         state.stale_deadline = (positive && stale_at > now).then_some(stale_at);
+    }
+
+    /// Closes `backend`'s calibration period if it holds enough tokens; whether the index
+    /// scale changed.
+    fn calibrate(&mut self, backend: u16) -> bool {
+        let l = &mut self.learned[usize::from(backend)];
+        let (tokens, predicted, engine, from_usage) = l.period;
+        if tokens < estimate::CALIBRATION_TOKENS {
+            return false;
+        }
+        l.period = (0, 0, 0, false);
+        if !(from_usage || l.counter_seen) {
+            return false;
+        }
+        let old = l.index_scale;
+        let slack = tokens / 100;
+        if predicted > engine + engine / 2 + slack {
+            l.index_scale = (old - old / 4).max(estimate::INDEX_SCALE_MIN);
+        } else if predicted + predicted / 4 + slack < engine {
+            l.index_scale = (old + old.div_ceil(4)).min(estimate::INDEX_SCALE_MAX);
+        }
+        l.index_scale != old
+    }
+
+    /// Rebuilds `backend`'s index at its learned size (auto-sized prefix-cost only).
+    fn resize_index(&mut self, backend: u16) {
+        let IndexSize::Auto { default_blocks } = self.p.prefix.index_blocks else { return };
+        if self.p.routing != Routing::PrefixCost {
+            return;
+        }
+        let b = usize::from(backend);
+        let l = &self.learned[b];
+        let nominal = match l.capacity {
+            0 => u64::from(default_blocks),
+            tokens => tokens.div_ceil(self.tokens_of(u64::from(self.p.prefix.block_bytes)).max(1)),
+        };
+        let target = (nominal * u64::from(l.index_scale) / 4).clamp(1, INDEX_BLOCKS_MAX);
+        let current = self.index_capacity[b] as u64;
+        if target.abs_diff(current) * 8 > current {
+            let mut rebuilt = SessionTracker::with_capacity(target as usize);
+            self.indexes[b].for_each_from_hand(|hash, at| rebuilt.complete(hash, at, 0));
+            self.indexes[b] = rebuilt;
+            self.index_capacity[b] = target as usize;
+        }
     }
 
     fn shutdown(&mut self, out: &mut Vec<Output>) {
@@ -412,7 +624,7 @@ impl Reference {
     }
 
     fn eligible(&self, backend: u16, now: Tick) -> bool {
-        let budget = self.p.prefill_tokens_per_backend;
+        let budget = self.learned[usize::from(backend)].budget;
         self.usable(backend)
             && self.backend_inflight(backend) + self.holds_on(backend) < self.p.inflight_per_backend
             && self.fresh_waiting(backend, now).unwrap_or(0) == 0
@@ -499,9 +711,32 @@ impl Reference {
     }
 
     fn uncached(&self, request: &Queued, backend: u16) -> u64 {
-        let block_tokens = u64::from(self.p.prefix.block_bytes) / 4;
-        let cached = self.matched(backend, &request.blocks) as u64 * block_tokens;
-        u64::from(request.prompt_tokens).saturating_sub(cached)
+        let matched = self.matched(backend, &request.blocks) as u64;
+        let bytes = (matched * u64::from(self.p.prefix.block_bytes)).min(u64::from(u32::MAX));
+        let cached = self.tokens_of(bytes);
+        self.tokens_of(u64::from(request.prompt_bytes)).saturating_sub(cached)
+    }
+
+    /// `work` tokens on `backend` in tokens of the fastest backend's time.
+    fn at_fastest(&self, work: u64, backend: u16) -> u64 {
+        let mut fastest = (0, 0);
+        for b in 0..self.p.backends {
+            let r = self.rate(b);
+            if r.0 > 0
+                && (fastest.0 == 0
+                    || u128::from(r.0) * u128::from(fastest.1)
+                        > u128::from(fastest.0) * u128::from(r.1))
+            {
+                fastest = r;
+            }
+        }
+        let rate = self.rate(backend);
+        if rate.0 == 0 || fastest.0 == 0 {
+            return work;
+        }
+        let scaled = u128::from(work) * u128::from(fastest.0) * u128::from(rate.1)
+            / (u128::from(fastest.1) * u128::from(rate.0));
+        u64::try_from(scaled).unwrap_or(u64::MAX)
     }
 
     /// S16: the first request of the scan that can be placed, and where.
@@ -510,7 +745,9 @@ impl Reference {
         let mut earliest: Option<Tick> = None;
         for index in self.in_order().into_iter().take(scan) {
             let request = &self.queued[index];
-            let cost = |b: u16| self.prefill(b) + self.uncached(request, b);
+            let cost = |b: u16| {
+                self.at_fastest(self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b), b)
+            };
             let best = |filter: &dyn Fn(u16) -> bool| {
                 (0..self.p.backends)
                     .filter(|&b| filter(b))
@@ -527,15 +764,26 @@ impl Reference {
             else {
                 continue;
             };
-            let patient = matches!(request.lane, Lane::Retry | Lane::Forced)
-                || now.saturating_sub(request.arrived_at) >= self.p.prefix.wait_max;
-            if patient
-                || taken == cheapest
-                || cost(taken) <= cost(cheapest) + self.p.prefix.slack_tokens
-            {
+            if taken == cheapest || matches!(request.lane, Lane::Retry | Lane::Forced) {
                 return Some((index, taken));
             }
-            let ends = request.arrived_at.saturating_add(self.p.prefix.wait_max);
+            let lost =
+                self.uncached(request, taken).saturating_sub(self.uncached(request, cheapest));
+            if lost <= self.p.prefix.slack_tokens {
+                return Some((index, taken));
+            }
+            let wait = match self.rate(taken) {
+                (0, _) => self.p.prefix.wait_max,
+                (tokens, ticks) => {
+                    let t =
+                        u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    u64::try_from(t).unwrap_or(u64::MAX).min(self.p.prefix.wait_max)
+                }
+            };
+            if now.saturating_sub(request.arrived_at) >= wait {
+                return Some((index, taken));
+            }
+            let ends = request.arrived_at.saturating_add(wait);
             earliest = Some(earliest.map_or(ends, |e| e.min(ends)));
             if !request.placement_waited {
                 self.queued[index].placement_waited = true;
@@ -622,12 +870,16 @@ impl Reference {
         self.stats.affinity_hits += u64::from(affinity);
         let id = RequestId(request.id);
         let waited = now - request.arrived_at;
-        let prefill_pending = request.streaming && self.p.prefill_tokens_per_backend > 0;
-        let mut backlog = request.prompt_tokens;
+        let prefill_pending = request.streaming;
+        let tokens = self.tokens_of(u64::from(request.prompt_bytes));
+        let mut backlog = u32::try_from(tokens).unwrap_or(u32::MAX);
+        let mut cached = 0;
         if self.p.routing == Routing::PrefixCost {
             let matched = self.matched(backend, &request.blocks);
             let blocks = request.blocks.len();
-            backlog = u32::try_from(self.uncached(&request, backend)).unwrap_or(u32::MAX);
+            let uncached = self.uncached(&request, backend);
+            cached = tokens - uncached;
+            backlog = u32::try_from(uncached).unwrap_or(u32::MAX);
             let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
             self.stats.match_ratio[bucket.min(super::placement::MATCH_BUCKETS - 1)] += 1;
             self.stats.match_ratio_sum_milli +=
@@ -636,7 +888,21 @@ impl Reference {
                 self.indexes[usize::from(backend)].complete(block, now, 0);
             }
         }
-        self.admitted.push(Admitted { request, backend, prefill_pending, backlog });
+        let l = &mut self.learned[usize::from(backend)];
+        l.period.0 += tokens;
+        l.period.1 += cached;
+        self.admitted.push(Admitted {
+            request,
+            backend,
+            prefill_pending,
+            backlog,
+            admitted_at: now,
+        });
+        if prefill_pending {
+            let (budget, prefill) =
+                (self.learned[usize::from(backend)].budget, self.prefill(backend));
+            self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;
+        }
         out.push(Output::Admit { id, backend, lane, waited, affinity });
     }
 }

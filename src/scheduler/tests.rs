@@ -17,7 +17,7 @@ fn params() -> Params {
         queue_timeout: None,
         max_queued: 1000,
         inflight_per_backend: 1,
-        prefill_tokens_per_backend: 0,
+        prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: 1000,
         max_overtakes: 16,
         boosted_streak_max: 0,
@@ -69,7 +69,7 @@ impl Harness {
         let arrival = Arrival {
             id: RequestId(id),
             session,
-            prompt_tokens: tokens,
+            prompt_bytes: tokens * 4,
             streaming,
             prompt: super::prefix::NO_PROMPT,
         };
@@ -77,7 +77,7 @@ impl Harness {
     }
 
     fn complete(&mut self, id: u64) -> Vec<Output> {
-        self.send(Input::Complete { id: RequestId(id), success: true })
+        self.send(Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE })
     }
 
     /// Runs request `id` of `session` to completion on an idle scheduler at the current time.
@@ -353,7 +353,10 @@ fn inflight_gate_and_reopening_by_completion() {
     assert_eq!(admitted(&h.arrive(1, None)), vec![1]);
     assert_eq!(admitted(&h.arrive(2, None)), vec![2]);
     assert!(h.arrive(3, None).is_empty(), "inflight cap reached");
-    assert_eq!(admitted(&h.send(Input::Complete { id: RequestId(1), success: false })), vec![3]);
+    assert_eq!(
+        admitted(&h.send(Input::Complete { id: RequestId(1), success: false, usage: Usage::NONE })),
+        vec![3]
+    );
 }
 
 #[test]
@@ -386,7 +389,7 @@ fn stale_waiting_gauge_falls_back_to_the_other_gates() {
 fn prefill_backlog_gate_and_first_byte_reopening() {
     let mut p = params();
     p.inflight_per_backend = 8;
-    p.prefill_tokens_per_backend = 1000;
+    p.prefill_tokens_per_backend = Budget::Tokens(1000);
     let mut h = Harness::new(p);
     assert_eq!(
         admitted(&h.arrive_with(1, None, 5000, true)),
@@ -592,7 +595,7 @@ fn stale_events_change_nothing() {
     block(&mut h, 1);
     h.arrive(2, None);
     for input in [
-        Input::Complete { id: RequestId(2), success: true },
+        Input::Complete { id: RequestId(2), success: true, usage: Usage::NONE },
         Input::FirstByte(RequestId(2)),
         Input::Retry(RequestId(9)),
         Input::Cancel(RequestId(9)),

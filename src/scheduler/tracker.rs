@@ -21,7 +21,7 @@
 //! evicts x.
 //!
 //! Layout, all allocated in [`SessionTracker::with_capacity`] and never grown:
-//! - `slots`: a `Vec` of 32-byte slots (session, completion time, backend, the end of the prompt's block chain).
+//! - `slots`: a `Vec` of 24-byte slots (session, completion time, backend).
 //! - `referenced`: one bit per slot, in `u64` words, so that the hand skips 64 referenced slots
 //!   with one load and clears them with one store.
 //! - `index`: a hashbrown [`HashTable`] of `u32` slot numbers, hashed by the session id stored
@@ -43,44 +43,6 @@ pub struct Completion {
     pub at: u64,
     /// The backend that served it.
     pub backend: u16,
-    /// What the last turn's prompt was, when known (S16 models hash prompts).
-    pub prompt: PromptMark,
-}
-
-/// A point in a prompt's block chain: enough to tell whether a later prompt repeats the first
-/// half of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PromptMark {
-    /// How many full blocks the mark covers (half the prompt's, rounded up); 0 when unknown.
-    pub blocks: u32,
-    /// The chained hash of the last of them (it names the whole prompt up to there).
-    pub tail: u64,
-}
-
-impl PromptMark {
-    /// Nothing known.
-    pub const NONE: PromptMark = PromptMark { blocks: 0, tail: 0 };
-
-    /// The mark of a prompt whose chain is `hashes`: its first half.
-    ///
-    /// Half, not all: a follow-up need not repeat its predecessor's prompt to the last byte to
-    /// find most of it cached (a client may trim or re-render the end of the history; the
-    /// Mooncake trace's follow-ups share every full 512-token block of their parent but not its
-    /// partial last one), while a turn that shares only a system prompt with its predecessor
-    /// (RAGPulse: fresh passages each turn) repeats less than half of it.
-    pub fn of(hashes: &[u64]) -> PromptMark {
-        let blocks = hashes.len().div_ceil(2);
-        match blocks {
-            0 => PromptMark::NONE,
-            _ => PromptMark { blocks: blocks as u32, tail: hashes[blocks - 1] },
-        }
-    }
-
-    /// Whether the prompt of chain `hashes` repeats the marked part (true when the mark is
-    /// unknown: nothing says it does not).
-    pub fn extended_by(self, hashes: &[u64]) -> bool {
-        self.blocks == 0 || hashes.get(self.blocks as usize - 1) == Some(&self.tail)
-    }
 }
 
 /// One occupied slot: a session and its last completion.
@@ -89,7 +51,6 @@ struct Slot {
     session: u64,
     at: u64,
     backend: u16,
-    prompt: PromptMark,
 }
 
 /// A fixed-capacity map from session id to its last [`Completion`], with CLOCK eviction.
@@ -137,26 +98,20 @@ impl SessionTracker {
     pub fn lookup(&self, session: u64) -> Option<Completion> {
         let slot = self.find(session)?;
         let s = &self.slots[slot as usize];
-        Some(Completion { at: s.at, backend: s.backend, prompt: s.prompt })
+        Some(Completion { at: s.at, backend: s.backend })
     }
 
     /// Records that `session` completed at `at` on `backend`: updates it if held (and marks it
     /// referenced), otherwise inserts it, evicting one session by CLOCK when full.
     pub fn complete(&mut self, session: u64, at: u64, backend: u16) {
-        self.complete_marked(session, at, backend, PromptMark::NONE);
-    }
-
-    /// [`SessionTracker::complete`], remembering the completed turn's prompt.
-    pub fn complete_marked(&mut self, session: u64, at: u64, backend: u16, prompt: PromptMark) {
         if let Some(slot) = self.find(session) {
             let s = &mut self.slots[slot as usize];
             s.at = at;
             s.backend = backend;
-            s.prompt = prompt;
             self.referenced[slot as usize / 64] |= 1 << (slot % 64);
             return;
         }
-        let new = Slot { session, at, backend, prompt };
+        let new = Slot { session, at, backend };
         let slot = if self.slots.len() < self.capacity as usize {
             self.slots.push(new);
             self.slots.len() as u32 - 1
@@ -290,7 +245,7 @@ impl SessionTracker {
 /// reference model and the property tests compare the real tracker against it.
 #[cfg(any(test, fuzzing))]
 pub mod reference {
-    use super::{Completion, PromptMark};
+    use super::Completion;
 
     /// The reference tracker: `(session, completion, referenced)` per slot, and a hand.
     #[derive(Debug)]
@@ -314,12 +269,7 @@ pub mod reference {
 
         /// Same as [`super::SessionTracker::complete`].
         pub fn complete(&mut self, session: u64, at: u64, backend: u16) {
-            self.complete_marked(session, at, backend, PromptMark::NONE);
-        }
-
-        /// Same as [`super::SessionTracker::complete_marked`].
-        pub fn complete_marked(&mut self, session: u64, at: u64, backend: u16, prompt: PromptMark) {
-            let completion = Completion { at, backend, prompt };
+            let completion = Completion { at, backend };
             if let Some(slot) = self.slots.iter_mut().find(|s| s.0 == session) {
                 slot.1 = completion;
                 slot.2 = true;
@@ -345,6 +295,14 @@ pub mod reference {
         /// Same as [`super::SessionTracker::len`].
         pub fn len(&self) -> usize {
             self.slots.len()
+        }
+
+        /// Same as [`super::SessionTracker::for_each_from_hand`].
+        pub fn for_each_from_hand(&self, mut f: impl FnMut(u64, u64)) {
+            let hand = self.hand.min(self.slots.len());
+            for (session, completion, _) in self.slots[hand..].iter().chain(&self.slots[..hand]) {
+                f(*session, completion.at);
+            }
         }
 
         /// Same as [`super::SessionTracker::is_empty`].
@@ -399,8 +357,8 @@ mod tests {
         t.complete(C, 4, 3);
         t.check_invariants();
         assert_eq!(held(&t, &[A, B, C]), [true, false, true]);
-        assert_eq!(t.lookup(A), Some(Completion { at: 3, backend: 2, prompt: PromptMark::NONE }));
-        assert_eq!(t.lookup(C), Some(Completion { at: 4, backend: 3, prompt: PromptMark::NONE }));
+        assert_eq!(t.lookup(A), Some(Completion { at: 3, backend: 2 }));
+        assert_eq!(t.lookup(C), Some(Completion { at: 4, backend: 3 }));
     }
 
     #[test]
@@ -449,11 +407,8 @@ mod tests {
         assert!(t.is_empty());
         t.complete(0, 5, 1);
         t.complete(u64::MAX, 6, 2);
-        assert_eq!(t.lookup(0), Some(Completion { at: 5, backend: 1, prompt: PromptMark::NONE }));
-        assert_eq!(
-            t.lookup(u64::MAX),
-            Some(Completion { at: 6, backend: 2, prompt: PromptMark::NONE })
-        );
+        assert_eq!(t.lookup(0), Some(Completion { at: 5, backend: 1 }));
+        assert_eq!(t.lookup(u64::MAX), Some(Completion { at: 6, backend: 2 }));
         assert_eq!(t.lookup(1), None);
         assert_eq!((t.len(), t.capacity()), (2, 4));
         t.check_invariants();

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::scheduler::thread::Report;
 use crate::config::Setting;
+use crate::scheduler::thread::Report;
 use crate::scheduler::Lane;
 
 use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};

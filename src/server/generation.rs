@@ -23,9 +23,9 @@ use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::protocol::Limits;
 use crate::ring::Ring;
+use crate::scheduler::estimate::INDEX_DEFAULT_BLOCKS;
 use crate::scheduler::prefix::PromptPool;
 use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
-use crate::scheduler::estimate::INDEX_DEFAULT_BLOCKS;
 use crate::scheduler::{Budget, IndexSize, Params, PrefixParams, Routing, Scheduler};
 
 use super::{ShardHost, ShardRing, RING_CAPACITY};
@@ -338,7 +338,8 @@ mod tests {
             grace_period = "50ms"
         "#;
         let config = crate::config::Config::from_toml_str(text).expect("valid");
-        let p = scheduler_params(&config.models[0], &config.upstream, crate::clock::TickRate::NANOS);
+        let p =
+            scheduler_params(&config.models[0], &config.upstream, crate::clock::TickRate::NANOS);
         assert!(!p.boost);
         assert_eq!(p.routing, Routing::RoundRobin);
         assert_eq!(p.backends, 2);

@@ -571,10 +571,16 @@ impl Shard {
                 (Phase::Upstream(up), Some(model)) => {
                     ShardMetrics::bump(&self.metrics.clients_gone);
                     self.close_upstream(up);
-                    self.send(model, Input::Complete { id: req.id, success: false, usage: Usage::NONE });
+                    self.send(
+                        model,
+                        Input::Complete { id: req.id, success: false, usage: Usage::NONE },
+                    );
                 }
                 (Phase::Done, Some(model)) if req.admission.is_some() => {
-                    self.send(model, Input::Complete { id: req.id, success: false, usage: Usage::NONE });
+                    self.send(
+                        model,
+                        Input::Complete { id: req.id, success: false, usage: Usage::NONE },
+                    );
                 }
                 _ => {}
             }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use warmpath::config::{
-    AccessLog, Config, ConfigErrorKind, Engine, Overrides, Routing, Strategy, ENV_VARS,
+    AccessLog, Config, ConfigErrorKind, Engine, Overrides, Routing, Setting, Strategy, ENV_VARS,
 };
 
 const MINIMAL: &str = r#"
@@ -82,8 +82,10 @@ fn minimal_file_takes_every_default() {
     assert_eq!(config.upstream.eject_after_failures, 3);
     assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(config.server.access_log, AccessLog::Off);
-    assert_eq!(config.models[0].routing, Routing::SessionAffinity);
+    assert_eq!(config.models[0].routing, Routing::PrefixCost, "chosen by the [8] matrix");
     assert_eq!(config.models[0].engine, Engine::Vllm);
+    assert_eq!(config.queue.prefill_tokens_per_backend, Setting::Auto);
+    assert_eq!(config.queue.prefix_index_blocks, Setting::Auto);
 }
 
 #[test]

@@ -206,10 +206,10 @@ pub enum Strategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Routing {
     /// The session's previous backend when eligible, else the least loaded eligible one.
-    #[default]
     SessionAffinity,
     /// S16 prefix-cost placement: where the prompt's prefix is cached, weighed against the
-    /// backlog.
+    /// backlog (the default: chosen by the issue [8] matrix, `perf/RESULTS.md`).
+    #[default]
     PrefixCost,
     /// The eligible backend with the fewest inflight requests.
     LeastInflight,

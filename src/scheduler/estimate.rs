@@ -124,6 +124,12 @@ pub struct TokenRate {
     pub updated_at: Tick,
 }
 
+impl Default for TokenRate {
+    fn default() -> Self {
+        TokenRate::NEW
+    }
+}
+
 impl TokenRate {
     /// Nothing learned: 1 token per 4 bytes.
     pub const NEW: TokenRate = TokenRate { tokens: 1, bytes: 4, samples: 0, updated_at: 0 };

@@ -33,8 +33,10 @@
 //!   but its own latency, and going first costs every first turn behind it. Measured: on
 //!   Mooncake at 95 % load boosting cold follow-ups too made all-request TTFT p99 2.4x worse
 //!   (`perf/RESULTS.md`). Counted in `Stats::boost_declined`.
-//! - A request without block hashes (its prompt is shorter than a block, or the prompt pool
-//!   was exhausted) costs its whole prompt everywhere: it goes where the backlog is lowest.
+//! - A request without block hashes (its prompt is shorter than a block, it has no prompt text,
+//!   or the prompt pool was exhausted) falls back to session affinity: the backend of its
+//!   session's previous turn when that one is eligible; otherwise it costs its whole prompt
+//!   everywhere and goes where the backlog is lowest.
 
 use std::sync::Arc;
 
@@ -273,7 +275,16 @@ impl Scheduler {
             let (index, lane) = self.prefix.as_ref().expect("checked").candidates[at];
             let entry = *self.queue.get(index);
             let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
-            self.match_prompt(index);
+            let blocks = self.match_prompt(index);
+            let home = entry.home;
+            if blocks == 0
+                && home != NO_BACKEND
+                && home != avoid
+                && self.eligible[usize::from(home)]
+            {
+                // No prompt to place by (too short to hash, or no text): session affinity.
+                return Some((index, lane, home));
+            }
             let Some((cheapest, best)) = self.cheapest(index, avoid) else { continue };
             if best.0 == cheapest.0 || matches!(lane, Lane::Retry | Lane::Forced) {
                 return Some((index, lane, best.0));

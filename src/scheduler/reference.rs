@@ -745,6 +745,14 @@ impl Reference {
         let mut earliest: Option<Tick> = None;
         for index in self.in_order().into_iter().take(scan) {
             let request = &self.queued[index];
+            let home = request.home;
+            if request.blocks.is_empty()
+                && home != NONE
+                && home != request.avoid
+                && self.eligible(home, now)
+            {
+                return Some((index, home));
+            }
             let cost = |b: u16| {
                 self.at_fastest(self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b), b)
             };

@@ -27,6 +27,7 @@ use std::time::Duration;
 use crate::clock::{Clock, Tick};
 use crate::ring::{Ring, Wake};
 
+use super::estimate::{BackendEstimates, TokenRate};
 use super::{Input, Lane, Output, Scheduler, Stats};
 
 /// Inputs handled per pass before delivering and looking at the clock again.
@@ -94,6 +95,8 @@ pub struct Report {
     /// See [`Scheduler::oldest_arrival`].
     pub oldest_arrival: Option<Tick>,
     pub backends: Vec<BackendReport>,
+    /// The model's learned tokens per byte of request body.
+    pub token_rate: TokenRate,
 }
 
 /// One backend in a [`Report`].
@@ -110,6 +113,8 @@ pub struct BackendReport {
     pub scraped_at: Tick,
     /// S16: blocks in the backend's prefix index.
     pub index_blocks: u64,
+    /// What the scheduler learned of the backend (issue [8]).
+    pub estimates: BackendEstimates,
 }
 
 impl Report {
@@ -131,6 +136,7 @@ impl Report {
         self.inflight = scheduler.inflight();
         self.sessions_tracked = scheduler.sessions_tracked();
         self.oldest_arrival = scheduler.oldest_arrival();
+        self.token_rate = scheduler.token_rate();
         self.backends.resize(usize::from(scheduler.params().backends), BackendReport::default());
         for (index, backend) in (0u16..).zip(&mut self.backends) {
             let (healthy, ejected) = scheduler.backend_health(index);
@@ -145,6 +151,7 @@ impl Report {
                 waiting,
                 scraped_at,
                 index_blocks: scheduler.prefix_index_len(index) as u64,
+                estimates: scheduler.backend_estimates(index),
             };
         }
     }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::clock::{Tick, TickRate};
 use crate::config::Setting;
+use crate::scheduler::estimate::{BackendEstimates, TokenRate};
 use crate::scheduler::thread::Report;
 use crate::scheduler::Lane;
 
@@ -155,10 +157,6 @@ pub fn render_metrics(shared: &Shared) -> String {
     let gen = &*generation;
     let reports = reports(gen);
     let mut out = String::with_capacity(16 << 10);
-    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
-
     family(&mut out, "warmpath_requests_total", "counter", "Responses by model and status.");
     for (index, model) in gen.models.iter().enumerate() {
         let m = label(&model.name);
@@ -380,6 +378,7 @@ pub fn render_metrics(shared: &Shared) -> String {
             }
         }
     }
+    learned_metrics(&mut out, gen, &reports, shared.clock.rate());
     family(&mut out, "warmpath_upstream_errors_total", "counter", "Upstream failures by kind.");
     for (index, model) in gen.models.iter().enumerate() {
         for (b, backend) in model.backends.iter().enumerate() {
@@ -451,6 +450,93 @@ pub fn render_metrics(shared: &Shared) -> String {
     let refused = shared.reloads_refused.load(Ordering::Relaxed);
     let _ = writeln!(out, "warmpath_config_reloads_refused_total {refused}");
     out
+}
+
+/// A family's `# HELP` and `# TYPE` lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// What the schedulers learned (issue [8], SPEC section 10): one family per estimate, a series
+/// per backend; an estimate not measured yet has no series.
+fn learned_metrics(out: &mut String, gen: &Generation, reports: &[Report], rate: TickRate) {
+    type Pick = fn(&BackendEstimates, f64) -> Option<f64>;
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            "warmpath_backend_prefill_tokens_per_second",
+            "Learned prefill rate: estimated prompt tokens the engine clears per second while it \
+             has the next request waiting.",
+            |e, ticks_per_second| {
+                (e.rate.0 > 0).then(|| e.rate.0 as f64 / e.rate.1 as f64 * ticks_per_second)
+            },
+        ),
+        (
+            "warmpath_backend_admission_budget_tokens",
+            "The prefill budget in force (S6.3; learned under auto): estimated uncached prompt \
+             tokens awaiting a first byte the backend may have; 0 = none.",
+            |e, _| Some(e.budget as f64),
+        ),
+        (
+            "warmpath_backend_kv_capacity_tokens",
+            "KV-cache capacity the engine exports, tokens.",
+            |e, _| (e.kv_capacity_tokens > 0).then_some(e.kv_capacity_tokens as f64),
+        ),
+    ];
+    let ticks_per_second = rate.ticks_per_ns() * 1e9;
+    for (name, help, pick) in families {
+        family(out, name, "gauge", help);
+        for (model, report) in gen.models.iter().zip(reports) {
+            for (backend, b) in model.backends.iter().zip(&report.backends) {
+                if let Some(value) = pick(&b.estimates, ticks_per_second) {
+                    let (m, a) = (label(&model.name), label(&backend.authority));
+                    let _ = writeln!(out, "{name}{{model=\"{m}\",backend=\"{a}\"}} {value}");
+                }
+            }
+        }
+    }
+    family(
+        out,
+        "warmpath_backend_prefix_hit_ratio",
+        "gauge",
+        "Share of prompt tokens found cached: predicted by the prefix index, and reported by \
+         the engine, over the last calibration period (engine: else over the last scrape \
+         interval, from its counters).",
+    );
+    for (model, report) in gen.models.iter().zip(reports) {
+        for (backend, b) in model.backends.iter().zip(&report.backends) {
+            let (m, a) = (label(&model.name), label(&backend.authority));
+            for (source, ratio) in hit_ratios(&b.estimates) {
+                if let Some(ratio) = ratio {
+                    let _ = writeln!(
+                        out,
+                        "warmpath_backend_prefix_hit_ratio{{model=\"{m}\",backend=\"{a}\",source=\"{source}\"}} {ratio}"
+                    );
+                }
+            }
+        }
+    }
+    family(
+        out,
+        "warmpath_tokens_per_byte",
+        "gauge",
+        "Learned prompt tokens per byte of request body (from responses' usage.prompt_tokens).",
+    );
+    for (model, report) in gen.models.iter().zip(reports) {
+        let per_byte = report.token_rate.per_byte_micro() as f64 / 1e6;
+        let m = label(&model.name);
+        let _ = writeln!(out, "warmpath_tokens_per_byte{{model=\"{m}\"}} {per_byte}");
+    }
+}
+
+/// The predicted and the engine-reported hit ratio of a backend, when known: the last closed
+/// calibration period's; for the engine, before any period closed, its counters' last interval.
+fn hit_ratios(e: &BackendEstimates) -> [(&'static str, Option<f64>); 2] {
+    let closed = e.hit_ratio_at > 0;
+    let engine = if closed { Some(e.engine_hit_micro) } else { e.counter_hit_micro };
+    [
+        ("predicted", closed.then(|| e.predicted_hit_micro as f64 / 1e6)),
+        ("engine", engine.map(|micro| micro as f64 / 1e6)),
+    ]
 }
 
 /// A zero for counters a shard does not have yet (it has not adopted the newest generation).
@@ -595,10 +681,43 @@ pub fn debug_backends(shared: &Shared) -> serde_json::Value {
                 "last_scrape_age_ms": age_ms,
                 "inflight": b.inflight,
                 "prefill_tokens": b.prefill_tokens,
+                "learned": learned_json(&b.estimates, &report.token_rate, now, rate),
             }));
         }
     }
     serde_json::json!({ "backends": backends })
+}
+
+/// A backend's learned estimates, each with its age (milliseconds since it last changed; null
+/// while never measured).
+fn learned_json(
+    e: &BackendEstimates,
+    tokens: &TokenRate,
+    now: Tick,
+    rate: TickRate,
+) -> serde_json::Value {
+    let age = |at: Tick, known: bool| {
+        known.then(|| rate.duration(now.saturating_sub(at)).as_secs_f64() * 1e3)
+    };
+    let per_second = rate.ticks_per_ns() * 1e9;
+    let prefill = (e.rate.0 > 0).then(|| e.rate.0 as f64 / e.rate.1 as f64 * per_second);
+    let [(_, predicted), (_, engine)] = hit_ratios(e);
+    let ratio_at = if e.hit_ratio_at > 0 { e.hit_ratio_at } else { e.counter_at };
+    serde_json::json!({
+        "prefill_tokens_per_second": prefill,
+        "prefill_rate_age_ms": age(e.rate_at, prefill.is_some()),
+        "admission_budget_tokens": e.budget,
+        "admission_budget_age_ms": age(e.budget_at, e.budget_at > 0),
+        "kv_capacity_tokens": (e.kv_capacity_tokens > 0).then_some(e.kv_capacity_tokens),
+        "kv_capacity_age_ms": age(e.kv_capacity_at, e.kv_capacity_tokens > 0),
+        "prefix_index_capacity_blocks": e.index_capacity,
+        "prefix_hit_ratio_predicted": predicted,
+        "prefix_hit_ratio_engine": engine,
+        "prefix_hit_ratio_age_ms": age(ratio_at, engine.is_some()),
+        "tokens_per_byte": tokens.per_byte_micro() as f64 / 1e6,
+        "tokens_per_byte_samples": tokens.samples,
+        "tokens_per_byte_age_ms": age(tokens.updated_at, tokens.samples > 0),
+    })
 }
 
 /// Key names whose values `/debug/config` never shows (matched as substrings, lowercase).

@@ -91,6 +91,26 @@ pub fn profile(name: &str) -> Option<EngineParams> {
     }
 }
 
+/// `warmpath sim --profile list`: each profile, what it models, and its key figures.
+pub fn profile_list() -> String {
+    let mut out = String::new();
+    for (name, about) in PROFILES {
+        let p = profile(name).expect("a listed profile exists");
+        out.push_str(&format!(
+            "{name:<12} {about}\n{:<12} KV {} tokens, max_num_seqs {}, max_num_batched_tokens {}, \
+             prefill {:.0} tokens/s, decode step {:.1} ms + {:.0} us per sequence\n",
+            "",
+            u64::from(p.kv_blocks) * u64::from(p.block_size),
+            p.max_num_seqs,
+            p.max_num_batched_tokens,
+            prefill_capacity(&p),
+            p.step_base_ns as f64 / 1e6,
+            p.decode_seq_cost_ns as f64 / 1e3,
+        ));
+    }
+    out
+}
+
 /// Prompt tokens per second an engine of `params` prefills when every step is a full chunk
 /// with nothing decoding: its prefill capacity.
 pub fn prefill_capacity(params: &EngineParams) -> f64 {
@@ -148,7 +168,8 @@ pub struct SimArgs {
     /// Seed of the generated text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Engine profile (see docs/sim.md); the flags below override its values.
+    /// Engine profile (`list` prints them; docs/sim.md derives them); the flags below override
+    /// its values.
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// Tokens per KV block.
@@ -225,6 +246,10 @@ impl SimArgs {
 
 /// Runs `warmpath sim` until SIGTERM or SIGINT.
 pub fn run(args: &SimArgs) -> ExitCode {
+    if args.profile == "list" {
+        print!("{}", profile_list());
+        return ExitCode::SUCCESS;
+    }
     let options = match args.options() {
         Ok(options) => options,
         Err(error) => {

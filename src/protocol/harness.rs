@@ -1,11 +1,13 @@
 //! Differential and split-invariance checks of the protocol layer, shared by the unit tests and
-//! the fuzz targets (`http_request`, `chunked`, `model_field`) so that the fuzz logic compiles
-//! with the crate. Each check panics on a disagreement.
+//! the fuzz targets (`http_request`, `chunked`, `model_field`, `usage`, ...) so that the fuzz
+//! logic compiles with the crate. Each check panics on a disagreement.
 //!
 //! - [`check_model_field`]: [`find_model`] against `serde_json` (a `Value` parse, plus a visitor
 //!   counting top-level `"model"` keys), and the fused pass (`prompt::find_model_and_prompt`)
 //!   against `find_model` and against [`reference_prompt_text`], a restatement on serde_json of
 //!   the prompt text that is hashed ([`check_prompt`], in `harness_prompt.rs`).
+//! - [`check_usage`] (`harness_usage.rs`): the response `usage` scanner fed whole, in pieces and
+//!   byte by byte, against [`reference_usage`] (serde_json), and with chunk framing inserted.
 //! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
 //!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits.
 //! - [`check_http_request`]: a connection driver (heads, fixed and chunked bodies, pipelining,
@@ -29,6 +31,9 @@ use super::{
 #[path = "harness_prompt.rs"]
 mod prompt;
 pub use prompt::{check_prompt, reference_prompt_text};
+#[path = "harness_usage.rs"]
+mod usage;
+pub use usage::{check_usage, reference_usage};
 
 /// The number of `"model"` keys in a top-level object, counted by serde.
 struct TopLevelModels(usize);

@@ -16,13 +16,15 @@
 //! # How
 //!
 //! Both keys end in `tokens"`. The scanner skips from one `tokens"` to the next with
-//! `memchr::memmem` (Two-Way with a SIMD prefilter for a rare byte of the needle), so most
-//! bytes are only looked at by the prefilter. At each occurrence it checks the eight bytes before
-//! (`"prompt_` or `"cached_`) and the one before those (`{`, `,` or JSON whitespace), then reads
-//! the rest a byte at a time through a small state machine: whitespace, `:`, whitespace, the
-//! digits, whitespace, and `,`, `}` or `]`. The last 16 bytes of each read are kept, so a key
-//! cut by the end of a read is found when the next read completes it; the state machine itself
-//! carries a value across reads.
+//! `memchr::memmem`: a vectorised search for two of the needle's bytes (the "packed pair" form of
+//! Muła's generic SIMD substring search, with AVX2 when the CPU has it, chosen at run time), each
+//! candidate confirmed, and Two-Way (Crochemore and Perrin 1991) where that does not apply. Most
+//! bytes are only touched by the vector compare. At each occurrence it checks the eight bytes
+//! before (`"prompt_` or `"cached_`) and the one before those (`{`, `,` or JSON whitespace), then
+//! reads the rest a byte at a time through a small state machine: whitespace, `:`, whitespace, the
+//! digits, whitespace, and `,`, `}` or `]`. The last 16 bytes of each read are kept, so a key cut
+//! by the end of a read is found when the next read completes it; the state machine itself carries
+//! a value across reads.
 //!
 //! # Why text inside a string cannot match
 //!

@@ -47,15 +47,16 @@
 //!
 //! # Chunked framing
 //!
-//! The shard feeds the body as the client receives it. When that is chunked (a backend's
-//! chunked or close-delimited body re-chunked, one chunk per read), chunk framing lies between
-//! pieces of the body: `\r\n`, a hexadecimal size, `\r\n`. A piece boundary inside a key leaves
-//! the key unmatched. Inside or just after a number, the number is followed by whitespace and a
-//! hexadecimal digit or letter, never by `,`, `}` or `]`: it is dropped. Between the colon and the
-//! number, a size of decimal digits reads as a number, but whitespace and the real digits follow
-//! it, not a terminator: dropped too. So framing can make the scanner miss a value (the previous
-//! one, or `None`, stands), never read a wrong one. The hexadecimal size never contains `"`, so
-//! framing cannot complete a key either.
+//! Feed it the body's data: what `BodyRelay` decodes from a chunked backend body, not the framing.
+//! Fed bytes with chunked framing in them instead (a backend's chunked body as read, or the
+//! re-chunked body the client gets), the framing lies between pieces of the body: `\r\n`, a
+//! hexadecimal size, `\r\n`, possibly an extension. A piece boundary inside a key leaves the key
+//! unmatched. Inside or just after a number, the number is followed by whitespace and a hexadecimal
+//! digit or letter, never by `,`, `}` or `]`: it is dropped. Between the colon and the number, a
+//! size of decimal digits reads as a number, but whitespace and the real digits follow it, not a
+//! terminator: dropped too. So framing can make the scanner miss a value (the previous one, or
+//! `None`, stands), never read a wrong one. A size line holds no `"` (unless it carries a quoted
+//! extension, which engines do not send), so framing cannot complete a key either.
 //!
 //! # What it trusts
 //!

@@ -2,9 +2,10 @@
 //!
 //! Dimensions, on OpenAI chat bodies of about 1 KiB, 64 KiB and 512 KiB (the bodies of
 //! `benches/protocol.rs`: user and assistant turns with escapes and non-ASCII text):
-//! - `hash`: `PromptHasher::hash_body` in 256-byte blocks, what a shard does per request of a
-//!   `prefix-cost` model (walk the validated body, unescape the prompt text, xxh3 per block),
-//!   against the baseline `find_model`, the validating scan every request already pays;
+//! - `hash`: `find_model_and_prompt` with a hasher of 256-byte blocks, what a shard does per
+//!   request of a `prefix-cost` model (the validating scan that finds the model, copying the
+//!   prompt's strings as sent into blocks, xxh3 per block), against the baseline `find_model`,
+//!   the same scan without the prompt, which every request pays;
 //! - `index`: per admission, the scheduler's work on one backend's index of 8,192 blocks: the
 //!   binary-search `matched` of the prompt's chain (once cached, once not), and `insert`, which
 //!   touches every block of the chain (the dominant cost for long prompts).
@@ -13,8 +14,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use warmpath::protocol::find_model;
-use warmpath::protocol::prompt::PromptHasher;
+use warmpath::protocol::{find_model, find_model_and_prompt, PromptHasher};
 use warmpath::scheduler::prefix::PrefixIndex;
 
 #[path = "common/bodies.rs"]
@@ -30,8 +30,12 @@ fn hash(c: &mut Criterion) {
     for size in SIZES {
         let body = chat_body(size);
         group.throughput(Throughput::Bytes(body.len() as u64));
-        group.bench_with_input(BenchmarkId::new("hash_body", size), &body, |b, body| {
-            b.iter(|| hasher.hash_body(black_box(body), &mut hashes));
+        group.bench_with_input(BenchmarkId::new("fused", size), &body, |b, body| {
+            b.iter(|| {
+                let prompt = Some((&mut hasher, &mut hashes));
+                find_model_and_prompt(black_box(body), prompt)
+                    .map(|(f, bytes)| f.token.start + bytes)
+            });
         });
         group.bench_with_input(
             BenchmarkId::new("find_model (baseline)", size),

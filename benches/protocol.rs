@@ -8,7 +8,12 @@
 //!   the body pays;
 //! - `rewrite_model` on the same bodies (one copy of the body);
 //! - `parse_request_head` on a typical 9-header request head (about 330 bytes);
-//! - `chunked_decode`: a 64 KiB body in 4 KiB chunks.
+//! - `chunked_decode`: a 64 KiB body in 4 KiB chunks;
+//! - `usage`: `UsageScanner` on a vLLM-style stream of 50 `chat.completion.chunk` events, a
+//!   final usage event and `[DONE]`, fed one event per read (about 10 KiB), and on a 2 KiB
+//!   non-streaming chat completion fed in one read, against the baseline
+//!   `serde_json::from_slice::<serde_json::Value>` of that body (what reading `usage` by parsing
+//!   costs).
 //!
 //! Throughput is reported in bytes, so the figures compare to memory bandwidth.
 
@@ -16,6 +21,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use warmpath::protocol::{
     find_model, parse_request_head, rewrite_model, ChunkedDecoder, ChunkedEncoder, Limits, Side,
+    UsageScanner,
 };
 
 #[path = "common/bodies.rs"]
@@ -90,5 +96,78 @@ fn chunked(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, model, head, chunked);
+/// A vLLM stream with `include_usage`: `events` content chunks, the usage chunk, `[DONE]`; one
+/// element per event (one read each).
+fn sse_events(events: usize) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = (0..events)
+        .map(|i| {
+            format!(
+                "data: {{\"id\":\"chatcmpl-9c1f7e0d2b\",\"object\":\"chat.completion.chunk\",\
+                 \"created\":1733251200,\"model\":\"meta-llama/Meta-Llama-3-8B-Instruct\",\
+                 \"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\
+                 \"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+            )
+            .into_bytes()
+        })
+        .collect();
+    out.push(
+        b"data: {\"id\":\"chatcmpl-9c1f7e0d2b\",\"object\":\"chat.completion.chunk\",\
+          \"created\":1733251200,\"model\":\"meta-llama/Meta-Llama-3-8B-Instruct\",\
+          \"choices\":[],\"usage\":{\"prompt_tokens\":1187,\"total_tokens\":1237,\
+          \"completion_tokens\":50,\"prompt_tokens_details\":{\"cached_tokens\":1024}}}\n\n"
+            .to_vec(),
+    );
+    out.push(b"data: [DONE]\n\n".to_vec());
+    out
+}
+
+/// A non-streaming chat completion of about `bytes` bytes.
+fn completion_body(bytes: usize) -> Vec<u8> {
+    let head = r#"{"id":"chatcmpl-9c1f7e0d2b","object":"chat.completion","created":1733251200,"model":"meta-llama/Meta-Llama-3-8B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":""#;
+    let tail = r#"","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":1187,"total_tokens":1699,"completion_tokens":512,"prompt_tokens_details":{"cached_tokens":1024}},"prompt_logprobs":null}"#;
+    let mut body = head.to_owned();
+    let words = r#"Prefix caches keep the KV state of \"earlier\" prompts; ünïcödé ok.\n "#;
+    while body.len() + words.len() + tail.len() < bytes {
+        body.push_str(words);
+    }
+    body.push_str(tail);
+    body.into_bytes()
+}
+
+fn usage(c: &mut Criterion) {
+    let mut group = c.benchmark_group("protocol/usage");
+    let events = sse_events(50);
+    let total: usize = events.iter().map(Vec::len).sum();
+    let mut scanner = UsageScanner::new();
+    group.throughput(Throughput::Bytes(total as u64));
+    group.bench_function("sse_50_events", |b| {
+        b.iter(|| {
+            scanner.reset();
+            for event in &events {
+                scanner.feed(black_box(event));
+            }
+            scanner.usage()
+        });
+    });
+    assert_eq!(scanner.usage().prompt_tokens, Some(1187));
+    let body = completion_body(2048);
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("json_2KiB", |b| {
+        b.iter(|| {
+            scanner.reset();
+            scanner.feed(black_box(&body));
+            scanner.usage()
+        });
+    });
+    assert_eq!(scanner.usage().cached_tokens, Some(1024));
+    group.bench_function("json_2KiB serde_json_value (baseline)", |b| {
+        b.iter(|| {
+            let v: serde_json::Value = serde_json::from_slice(black_box(&body)).unwrap();
+            v["usage"]["prompt_tokens"].as_u64()
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, model, head, chunked, usage);
 criterion_main!(benches);

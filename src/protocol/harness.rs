@@ -1,9 +1,13 @@
 //! Differential and split-invariance checks of the protocol layer, shared by the unit tests and
-//! the fuzz targets (`http_request`, `chunked`, `model_field`) so that the fuzz logic compiles
-//! with the crate. Each check panics on a disagreement.
+//! the fuzz targets (`http_request`, `chunked`, `model_field`, `usage`, ...) so that the fuzz
+//! logic compiles with the crate. Each check panics on a disagreement.
 //!
 //! - [`check_model_field`]: [`find_model`] against `serde_json` (a `Value` parse, plus a visitor
-//!   counting top-level `"model"` keys).
+//!   counting top-level `"model"` keys), and the fused pass (`prompt::find_model_and_prompt`)
+//!   against `find_model` and against [`reference_prompt_text`], a restatement on serde_json of
+//!   the prompt text that is hashed ([`check_prompt`], in `harness_prompt.rs`).
+//! - [`check_usage`] (`harness_usage.rs`): the response `usage` scanner fed whole, in pieces and
+//!   byte by byte, against [`reference_usage`] (serde_json), and with chunk framing inserted.
 //! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
 //!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits.
 //! - [`check_http_request`]: a connection driver (heads, fixed and chunked bodies, pipelining,
@@ -23,6 +27,13 @@ use super::{
     write_upstream_head, BodyRelay, ChunkedDecoder, ChunkedLimits, ClientInfo, ErrorKind,
     ForwardInfo, Framing, Limits, ModelError, ResponseFraming, Side, Version,
 };
+
+#[path = "harness_prompt.rs"]
+mod prompt;
+pub use prompt::{check_prompt, reference_prompt_text};
+#[path = "harness_usage.rs"]
+mod usage;
+pub use usage::{check_usage, reference_usage};
 
 /// The number of `"model"` keys in a top-level object, counted by serde.
 struct TopLevelModels(usize);
@@ -83,9 +94,11 @@ fn expected(body: &[u8]) -> Expected {
     }
 }
 
-/// [`find_model`] agrees with serde_json on `body`.
+/// [`find_model`] agrees with serde_json on `body`, and the fused pass with both
+/// ([`check_prompt`]).
 pub fn check_model_field(body: &[u8]) {
     let ours = find_model(body);
+    check_prompt(body, &ours);
     match expected(body) {
         Expected::Either => {}
         Expected::Invalid => assert!(ours.is_err(), "serde_json refuses, find_model gave {ours:?}"),

@@ -5,7 +5,9 @@
 //! level *d* is an object), and strings, most of a chat body, are skipped eight bytes per step
 //! while the bytes are plain ASCII (a SWAR test for `"`, `\`, control characters and bytes over
 //! 0x7F); only those bytes are looked at one by one, UTF-8 sequences validated as they come. It
-//! costs a fraction of a `serde_json::Value` parse (see `benches/protocol.rs`).
+//! costs a fraction of a `serde_json::Value` parse (see `benches/protocol.rs`). The scan reports
+//! each key, string value and bracket it passes to an `Observer`: [`find_model`]'s observes
+//! nothing (the calls compile away), and `super::prompt`'s hashes the prompt in the same pass.
 //!
 //! Decisions:
 //! - Keys are compared after unescaping, so `"mod\u0065l"` **is** the key `model` (as it is to
@@ -41,15 +43,46 @@ pub struct ModelField<'a> {
 
 /// Finds the top-level `"model"` string of a JSON object body, validating the whole body.
 pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
-    let mut s = Scanner {
-        buf: body,
-        pos: 0,
-        depth: 0,
-        objects: 0,
-        next: TopKey::Other,
-        found: Found::None,
-        stream: false,
-    };
+    find_model_observed(body, &mut Unobserved)
+}
+
+/// What a scan reports of the tokens it passes, for a caller that reads more of the body in the
+/// same pass (`super::prompt`). Depths count open containers: the top-level object is level 1.
+/// Ranges are offsets into the scanned body. A scan that fails may have reported anything up to
+/// the failure.
+pub(super) trait Observer {
+    /// A key of the object at `depth`: `raw` is what lies between its quotes, `escaped` whether
+    /// that holds escapes.
+    fn key(&mut self, depth: usize, raw: Range<usize>, escaped: bool);
+    /// A string value in the container at `depth` (0: the document itself); `raw` lies between
+    /// its quotes.
+    fn string(&mut self, depth: usize, raw: Range<usize>);
+    /// A container opens at `at`, becoming level `depth`.
+    fn open(&mut self, depth: usize, at: usize, object: bool);
+    /// The container at level `depth` closes with the bracket at `at`.
+    fn close(&mut self, depth: usize, at: usize);
+}
+
+/// The observer of a plain [`find_model`]: nothing, compiled away.
+struct Unobserved;
+
+impl Observer for Unobserved {
+    #[inline(always)]
+    fn key(&mut self, _: usize, _: Range<usize>, _: bool) {}
+    #[inline(always)]
+    fn string(&mut self, _: usize, _: Range<usize>) {}
+    #[inline(always)]
+    fn open(&mut self, _: usize, _: usize, _: bool) {}
+    #[inline(always)]
+    fn close(&mut self, _: usize, _: usize) {}
+}
+
+/// [`find_model`], reporting every token to `observer` as the scan passes it.
+pub(super) fn find_model_observed<'a, O: Observer>(
+    body: &'a [u8],
+    observer: &mut O,
+) -> Result<ModelField<'a>, ModelError> {
+    let mut s = Scanner::new(body, 0, observer);
     s.skip_ws();
     match s.peek() {
         Some(b'{') => {}
@@ -69,6 +102,17 @@ pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
             Ok(ModelField { token, value, stream: s.stream })
         }
     }
+}
+
+/// Scans the one JSON value that starts at `start` and ends `buf` (whitespace aside), reporting
+/// its tokens to `observer`: a second look at part of a body [`find_model`] already accepted.
+/// The value is the document here, so its own container is level 1.
+pub(super) fn observe_value<O: Observer>(
+    buf: &[u8],
+    start: usize,
+    observer: &mut O,
+) -> Result<(), ModelError> {
+    Scanner::new(buf, start, observer).document()
 }
 
 /// Appends `body` with the model token replaced by `new_model` as a JSON string; every other
@@ -151,7 +195,7 @@ enum Expect {
 
 /// The scan's position and nesting.
 #[derive(Debug)]
-struct Scanner<'a> {
+struct Scanner<'a, 'o, O> {
     buf: &'a [u8],
     pos: usize,
     /// Open arrays and objects.
@@ -163,6 +207,7 @@ struct Scanner<'a> {
     found: Found,
     /// The last top-level `"stream"` was `true`.
     stream: bool,
+    observer: &'o mut O,
 }
 
 /// The top-level keys the scan looks for.
@@ -173,7 +218,20 @@ enum TopKey {
     Other,
 }
 
-impl Scanner<'_> {
+impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
+    fn new(buf: &'a [u8], pos: usize, observer: &'o mut O) -> Self {
+        Scanner {
+            buf,
+            pos,
+            depth: 0,
+            objects: 0,
+            next: TopKey::Other,
+            found: Found::None,
+            stream: false,
+            observer,
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
@@ -234,6 +292,7 @@ impl Scanner<'_> {
         }
         let start = self.pos;
         let escaped = self.string()?;
+        self.observer.key(self.depth, start + 1..self.pos - 1, escaped);
         if self.depth == 1 {
             let raw = &self.buf[start + 1..self.pos - 1];
             let is = |key: &[u8]| match escaped {
@@ -260,6 +319,7 @@ impl Scanner<'_> {
             b'{' | b'[' => self.open(b == b'{')?,
             b'"' => {
                 let escaped = self.string()?;
+                self.observer.string(self.depth, start + 1..self.pos - 1);
                 if self.next == TopKey::Model {
                     self.found(Found::String { token: start..self.pos, escaped })?;
                 }
@@ -297,11 +357,13 @@ impl Scanner<'_> {
         self.depth += 1;
         let bit = 1u128 << (self.depth - 1);
         self.objects = if object { self.objects | bit } else { self.objects & !bit };
+        self.observer.open(self.depth, self.pos, object);
         self.pos += 1;
         Ok(if object { Expect::KeyOrEnd } else { Expect::ValueOrEnd })
     }
 
     fn close(&mut self) -> Result<Expect, ModelError> {
+        self.observer.close(self.depth, self.pos);
         self.depth -= 1;
         self.pos += 1;
         Ok(Expect::CommaOrEnd)

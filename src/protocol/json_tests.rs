@@ -1,5 +1,5 @@
 use super::*;
-use crate::protocol::harness::check_model_field;
+use crate::protocol::harness::{check_model_field, check_prompt};
 use proptest::prelude::*;
 
 /// A JSON value to render with chosen whitespace and key spellings.
@@ -130,14 +130,23 @@ fn json_value_strategy() -> impl Strategy<Value = String> {
         })
 }
 
+/// [`find_model`], after checking that the fused pass (`prompt::find_model_and_prompt`) gives
+/// the same result and the prompt the serde_json reference reads (`check_prompt`): every body
+/// of these tests goes through both.
+fn find(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
+    let field = find_model(body);
+    check_prompt(body, &field);
+    field
+}
+
 fn model(body: &str) -> Result<String, ModelError> {
-    find_model(body.as_bytes()).map(|f| f.value.into_owned())
+    find(body.as_bytes()).map(|f| f.value.into_owned())
 }
 
 #[test]
 fn finds_the_top_level_model() {
     let body = r#"{"messages":[{"role":"user","content":"hi"}],"model":"llama","stream":true}"#;
-    let f = find_model(body.as_bytes()).unwrap();
+    let f = find(body.as_bytes()).unwrap();
     assert_eq!(f.value, "llama");
     assert!(matches!(f.value, Cow::Borrowed(_)));
     assert_eq!(&body[f.token.clone()], "\"llama\"");
@@ -166,7 +175,7 @@ fn escapes_in_keys_and_values() {
     assert_eq!(model(r#"{"mod\u0065l\u0000":"m"}"#), Err(ModelError::MissingModel));
     assert_eq!(model(r#"{"modelx":"m"}"#), Err(ModelError::MissingModel));
     assert_eq!(model(r#"{"mode":"m"}"#), Err(ModelError::MissingModel));
-    let f = find_model(br#"{"model":"a\"b\\c\/d\n\u00e9\ud83d\ude00"}"#).unwrap();
+    let f = find(br#"{"model":"a\"b\\c\/d\n\u00e9\ud83d\ude00"}"#).unwrap();
     assert_eq!(f.value, "a\"b\\c/d\n\u{e9}\u{1f600}");
     assert!(matches!(f.value, Cow::Owned(_)));
     assert_eq!(model(r#"{"model":"caf\u00E9"}"#).unwrap(), "café");
@@ -229,15 +238,12 @@ fn invalid_json_anywhere_is_an_error() {
             model(body)
         );
     }
+    assert!(matches!(find(b"{\"model\":\"\xff\"}"), Err(ModelError::InvalidJson { offset: 10 })));
     assert!(matches!(
-        find_model(b"{\"model\":\"\xff\"}"),
-        Err(ModelError::InvalidJson { offset: 10 })
-    ));
-    assert!(matches!(
-        find_model(b"{\"model\":\"m\",\"a\":\"\xc3\"}"),
+        find(b"{\"model\":\"m\",\"a\":\"\xc3\"}"),
         Err(ModelError::InvalidJson { .. })
     ));
-    assert!(matches!(find_model(b"{\"model\":\"m\"\xff}"), Err(ModelError::InvalidJson { .. })));
+    assert!(matches!(find(b"{\"model\":\"m\"\xff}"), Err(ModelError::InvalidJson { .. })));
     assert_eq!(model(r#"{"model":"m","a":[1e400,-0,0.5E+2,1E-2]}"#).unwrap(), "m");
 }
 
@@ -262,7 +268,7 @@ fn huge_bodies() {
         "1,".repeat(10_000)
     );
     assert!(body.len() > 900_000);
-    let f = find_model(body.as_bytes()).unwrap();
+    let f = find(body.as_bytes()).unwrap();
     assert_eq!(f.value, "big");
     check_model_field(body.as_bytes());
 }
@@ -303,12 +309,12 @@ fn swar_test_finds_the_first_special_byte() {
 #[test]
 fn rewrite_keeps_every_other_byte() {
     let body = b"{ \"model\" : \"short\",\n \"messages\":[{\"model\":\"short\"}], \"x\":1 }";
-    let f = find_model(body).unwrap();
+    let f = find(body).unwrap();
     let mut out = b"prefix".to_vec();
     rewrite_model(body, &f, "meta-llama/Llama \"3\"\n", &mut out);
     let expected = b"prefix{ \"model\" : \"meta-llama/Llama \\\"3\\\"\\n\",\n \"messages\":[{\"model\":\"short\"}], \"x\":1 }";
     assert_eq!(out, expected);
-    let again = find_model(&out[6..]).unwrap();
+    let again = find(&out[6..]).unwrap();
     assert_eq!(again.value, "meta-llama/Llama \"3\"\n");
     assert_eq!(&out[6..6 + f.token.start], &body[..f.token.start]);
 }
@@ -355,7 +361,7 @@ proptest! {
 
 #[test]
 fn stream_flag_is_the_top_level_true() {
-    let stream = |body: &str| find_model(body.as_bytes()).unwrap().stream;
+    let stream = |body: &str| find(body.as_bytes()).unwrap().stream;
     assert!(stream(r#"{"model":"m","stream":true}"#));
     assert!(stream(r#"{"stream" : true , "model":"m"}"#));
     assert!(stream(r#"{"str\u0065am":true,"model":"m"}"#));

@@ -10,6 +10,10 @@
 //! - [`chunked`]: the incremental [`ChunkedDecoder`] (RFC 9112 section 7.1) and [`ChunkedEncoder`].
 //! - [`json`]: [`find_model`], a one-pass validating scan for the top-level `"model"` string, and
 //!   [`rewrite_model`] (SPEC 2.3, 2.6).
+//! - [`prompt`]: [`find_model_and_prompt`], the same scan also cutting the prompt into chained
+//!   block hashes for prefix-cost placement (SPEC S16), and its [`PromptHasher`].
+//! - [`usage`]: [`UsageScanner`], the `prompt_tokens` and `cached_tokens` an engine reports in a
+//!   response body, read as the body is relayed.
 //! - [`forward`]: [`write_upstream_head`], the request head sent to a backend (SPEC 2.6).
 //! - [`response`]: [`parse_response_head`], [`write_client_response_head`] and the router's own
 //!   JSON errors, [`write_error`] (SPEC 2.7 and the error table).
@@ -44,6 +48,7 @@ pub mod prompt;
 pub mod relay;
 pub mod request;
 pub mod response;
+pub mod usage;
 
 #[cfg(any(test, fuzzing))]
 pub mod harness;
@@ -52,12 +57,14 @@ pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
 pub use forward::{write_upstream_head, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, ModelField};
+pub use prompt::{find_model_and_prompt, PromptHasher};
 pub use relay::BodyRelay;
 pub use request::{parse_request_head, Framing, RequestHead};
 pub use response::{
     parse_response_head, reason_phrase, write_client_response_head, write_error,
     write_protocol_error, ClientInfo, RelayPlan, ResponseFraming, ResponseHead,
 };
+pub use usage::{Usage, UsageScanner};
 
 /// Header lines kept per head: the ceiling of [`Limits::max_headers`]. Heads store their header
 /// spans inline (16 bytes each), so a head is a fixed-size value that never allocates.

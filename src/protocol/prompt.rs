@@ -1,35 +1,103 @@
-//! The prompt text of a request body and its chained block hashes, for prefix-cost placement
-//! (SPEC S16).
+//! The prompt of a request body and its chained block hashes, for prefix-cost placement
+//! (SPEC S16), read in the same pass that validates the body and finds its model.
 //!
-//! The prompt text is what an engine's prefix cache sees first, in order: for a chat request
-//! the `messages` array, each message's `role` then its `content` (a string, or the `text` of
-//! each part of an array of parts); for a completion request the `prompt` string (or each
-//! string of an array). Each role and each content piece is followed by a `0x00` separator so
-//! that moving a boundary changes the text. Other keys, other part types (images), and token
-//! arrays add nothing.
+//! # What is hashed
+//!
+//! The prompt text is what an engine's prefix cache sees first, in order, taken from the body
+//! **as sent**: each piece is the bytes between the quotes of a JSON string, escapes left as they
+//! are (`"a\nb"` gives the four bytes `a`, `\`, `n`, `b`), followed by one `0x00` byte. A JSON
+//! string cannot hold a raw `0x00` (RFC 8259 section 7: control characters are escaped), so the
+//! separator marks every boundary, and moving one changes the text. The pieces:
+//!
+//! - for each element of the top-level `messages` array that is an object, its `role` if that
+//!   is a string, then its `content`: the string itself, or for an array of parts the `text` of
+//!   each part that is an object whose `text` is a string. The role comes first whatever the
+//!   order of the message's keys;
+//! - for the top-level `prompt`, the string itself, or each string of an array of them;
+//! - both, in the order of their keys, in a body that has both.
+//!
+//! Keys are compared after unescaping, as [`super::json::find_model`] compares `"model"`. Where
+//! a key repeats within one object, its first member counts and the later ones add nothing (a
+//! single pass cannot know that a later duplicate is coming; parsers disagree on duplicates
+//! anyway). Anything else adds nothing: other keys, other part types (images), values of other
+//! types, token arrays, keys of these names anywhere but where listed.
 //!
 //! The text is cut into blocks of `block_bytes` bytes; block *k*'s hash is xxh3-64 of its bytes
 //! seeded with block *k − 1*'s hash (0 for the first), so one hash names the whole prefix up to
 //! its block's end, as the engine's own block hashes do (vLLM V1 chains its KV-block hashes the
 //! same way). Only full blocks are hashed: a trailing partial block can never be matched.
 //!
-//! The walk runs on a body that [`super::json::find_model`] has already validated, so it only
-//! needs to find boundaries: strings end at an unescaped quote, containers are matched by depth
-//! with strings skipped. It checks every index it reads and stops, keeping what it hashed so
-//! far, on anything unexpected (a truncated or malformed structure); only string escapes are
-//! trusted to be valid, which `find_model` checked. It allocates nothing: bytes are
-//! copied into the hasher's block buffer (allocated once) and hashes appended to the caller's
-//! reused vector.
+//! Hashing the text as sent rather than unescaped costs nothing in correctness: the hashes are
+//! only compared with each other, so the same words escaped two ways (`é` and `\u00e9`) merely
+//! miss a match, which misjudges a cache, never a response. A client resends a conversation
+//! with the same escaping turn after turn, so follow-ups still match. It is what lets the pass
+//! copy each string's bytes as one run instead of decoding them.
+//!
+//! # One pass
+//!
+//! [`find_model_and_prompt`] runs [`super::json`]'s validating scan with an observer that
+//! follows where each token is: what each open container is, for the five levels the prompt
+//! lives in (the top-level object, `messages`, a message, its parts, a part), and what the value
+//! after the last key is. A string of the prompt is recorded as its range in the body; every
+//! 64 ranges, and at the end of the scan, the [`PromptHasher`] copies them into its block buffer
+//! (allocated once, with 32 bytes of slack so that pieces are copied in whole 32-byte chunks
+//! instead of through `memcpy`), hashes each block as it fills, and hashes a block that lies
+//! whole inside one string where it lies. Batching keeps the scan's loop and the copying and
+//! hashing each tight: interleaved piece by piece, hashing added about twice as much to the
+//! scan (`perf/RESULTS.md`). A message whose content comes before its role keeps the content's
+//! range and feeds it when the message ends, after the role; a deferred array of parts is then
+//! scanned a second time (that array only). Nothing allocates once the caller's vector has
+//! grown to the longest prompt: the pending ranges are on the stack.
+//!
+//! The prompt text is not checked against this definition here but in
+//! `harness::reference_prompt_text`, a restatement on serde_json that the unit tests, the
+//! proptests and the `model_field` fuzz target compare the pass with.
+
+use std::ops::Range;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::json::{unescape, unescaped_eq};
+use super::error::ModelError;
+use super::json::{
+    find_model, find_model_observed, observe_value, unescaped_eq, ModelField, Observer,
+};
+
+/// [`find_model`] and, when `prompt` is given, the chained hashes of the body's prompt, in one
+/// pass. Returns the same result as `find_model`, with the prompt text's length in bytes (0
+/// without a hasher). With a hasher, `out` is replaced by the hashes of the full blocks; it is
+/// left empty when the body is refused.
+pub fn find_model_and_prompt<'a>(
+    body: &'a [u8],
+    prompt: Option<(&mut PromptHasher, &mut Vec<u64>)>,
+) -> Result<(ModelField<'a>, usize), ModelError> {
+    let Some((hasher, out)) = prompt else {
+        return find_model(body).map(|field| (field, 0));
+    };
+    hasher.reset(out);
+    let mut walk = PromptWalk::new(body, hasher, out, Level::Top);
+    let found = find_model_observed(body, &mut walk);
+    if found.is_ok() {
+        walk.flush_batch();
+    }
+    match found {
+        Ok(field) => Ok((field, hasher.text_bytes)),
+        Err(e) => {
+            hasher.reset(out);
+            Err(e)
+        }
+    }
+}
 
 /// Cuts text into blocks and chains their hashes; reused across requests.
 #[derive(Debug)]
 pub struct PromptHasher {
     block_bytes: usize,
-    block: Vec<u8>,
+    /// `block_bytes` bytes, of which the first `filled` are the current partial block, and
+    /// [`CHUNK`] bytes of slack, so that a piece can be copied in whole chunks.
+    block: Box<[u8]>,
+    /// Bytes of the current block so far; less than `block_bytes` between calls.
+    filled: usize,
+    /// The hash of the last full block (0 before the first).
     chain: u64,
     text_bytes: usize,
 }
@@ -40,7 +108,8 @@ impl PromptHasher {
         assert!(block_bytes > 0, "a block holds at least one byte");
         PromptHasher {
             block_bytes,
-            block: Vec::with_capacity(block_bytes),
+            block: vec![0; block_bytes + CHUNK].into_boxed_slice(),
+            filled: 0,
             chain: 0,
             text_bytes: 0,
         }
@@ -51,328 +120,419 @@ impl PromptHasher {
         self.block_bytes
     }
 
-    /// Replaces `out` with the chained hashes of the full blocks of `body`'s prompt text, a
-    /// JSON object already validated by `find_model`. Returns the prompt text's length in bytes.
+    /// Replaces `out` with the chained hashes of the full blocks of `body`'s prompt text and
+    /// returns the text's length in bytes: [`find_model_and_prompt`] without the model. A body
+    /// `find_model` refuses has no prompt (0, `out` empty).
     pub fn hash_body(&mut self, body: &[u8], out: &mut Vec<u64>) -> usize {
-        out.clear();
-        self.block.clear();
-        self.chain = 0;
-        self.text_bytes = 0;
-        let mut walk = Walk { buf: body, out, hasher: self };
-        walk.document();
-        self.text_bytes
+        find_model_and_prompt(body, Some((self, out))).map_or(0, |(_, bytes)| bytes)
     }
 
     /// Replaces `out` with the chained hashes of the full blocks of `text` (what
-    /// [`PromptHasher::hash_body`] does with the text it extracts).
+    /// [`PromptHasher::hash_body`] does with the text it takes from a body).
     pub fn hash_text(&mut self, text: &[u8], out: &mut Vec<u64>) {
-        out.clear();
-        self.block.clear();
-        self.chain = 0;
-        self.text_bytes = 0;
+        self.reset(out);
         self.feed(text, out);
     }
 
+    fn reset(&mut self, out: &mut Vec<u64>) {
+        out.clear();
+        self.filled = 0;
+        self.chain = 0;
+        self.text_bytes = 0;
+    }
+
+    /// Appends the piece `buf[raw]` and its `0x00` separator. Most pieces of a chat are short
+    /// and fit in the current block with their separator without completing it: those are
+    /// copied inline, in whole chunks. Unless the piece ends within a [`CHUNK`] of the end of
+    /// `buf` (then it goes through [`PromptHasher::feed`]), every copy is in whole chunks.
+    #[inline(always)]
+    fn piece(&mut self, buf: &[u8], raw: Range<usize>, out: &mut Vec<u64>) {
+        if raw.end + CHUNK > buf.len() {
+            return self.piece_near_the_end(&buf[raw], out);
+        }
+        let end = self.filled + raw.len();
+        if end + 1 >= self.block_bytes {
+            return self.piece_across(buf, raw, out);
+        }
+        self.text_bytes += raw.len() + 1;
+        self.copy(buf, raw.start, raw.len());
+        self.block[end] = 0;
+        self.filled = end + 1;
+    }
+
+    /// [`PromptHasher::piece`] for a piece that completes the current block: copies up to each
+    /// block boundary, hashes full blocks of the piece where they lie.
+    #[inline(never)]
+    fn piece_across(&mut self, buf: &[u8], raw: Range<usize>, out: &mut Vec<u64>) {
+        self.text_bytes += raw.len() + 1;
+        let mut at = raw.start;
+        while at < raw.end {
+            let take = (raw.end - at).min(self.block_bytes - self.filled);
+            if take == self.block_bytes {
+                self.chain = xxh3_64_with_seed(&buf[at..at + take], self.chain);
+                out.push(self.chain);
+            } else {
+                self.copy(buf, at, take);
+                self.filled += take;
+                self.complete(out);
+            }
+            at += take;
+        }
+        self.block[self.filled] = 0;
+        self.filled += 1;
+        self.complete(out);
+    }
+
+    /// [`PromptHasher::piece`] for a piece too close to the end of the body to copy in chunks.
+    #[inline(never)]
+    fn piece_near_the_end(&mut self, bytes: &[u8], out: &mut Vec<u64>) {
+        self.feed(bytes, out);
+        self.feed(&[0], out);
+    }
+
+    /// Copies `buf[at..at + len]` to the block after its `filled` bytes, in whole chunks: up
+    /// to `CHUNK - 1` bytes past them are overwritten too (the block's slack at most, since
+    /// `filled + len` is at most `block_bytes`), and as many past the copy are read from `buf`.
+    #[inline(always)]
+    fn copy(&mut self, buf: &[u8], at: usize, len: usize) {
+        let (from, to) = (&buf[at..], &mut self.block[self.filled..]);
+        let mut i = 0;
+        while i < len {
+            let chunk: [u8; CHUNK] = from[i..i + CHUNK].try_into().expect("a chunk");
+            to[i..i + CHUNK].copy_from_slice(&chunk);
+            i += CHUNK;
+        }
+    }
+
+    /// Hashes the block if it is full.
+    #[inline(always)]
+    fn complete(&mut self, out: &mut Vec<u64>) {
+        if self.filled == self.block_bytes {
+            self.chain = xxh3_64_with_seed(&self.block[..self.block_bytes], self.chain);
+            out.push(self.chain);
+            self.filled = 0;
+        }
+    }
+
+    /// Appends `bytes` to the text: the partial block is completed by copying, then every full
+    /// block of what is left is hashed where it lies, and the remainder starts the next block.
+    #[inline(never)]
     fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u64>) {
         self.text_bytes += bytes.len();
-        while !bytes.is_empty() {
-            let room = self.block_bytes - self.block.len();
-            let (now, rest) = bytes.split_at(room.min(bytes.len()));
-            self.block.extend_from_slice(now);
-            bytes = rest;
-            if self.block.len() == self.block_bytes {
-                self.chain = xxh3_64_with_seed(&self.block, self.chain);
-                out.push(self.chain);
-                self.block.clear();
-            }
-        }
-    }
-}
-
-/// One pass over a validated body.
-struct Walk<'a, 'b> {
-    buf: &'a [u8],
-    out: &'b mut Vec<u64>,
-    hasher: &'b mut PromptHasher,
-}
-
-/// A member of an object: the key's raw contents (between the quotes) and where its value
-/// starts.
-struct Member {
-    key: (usize, usize),
-    value: usize,
-}
-
-impl Walk<'_, '_> {
-    fn byte(&self, at: usize) -> Option<u8> {
-        self.buf.get(at).copied()
-    }
-
-    fn skip_ws(&self, mut at: usize) -> usize {
-        while matches!(self.byte(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            at += 1;
-        }
-        at
-    }
-
-    /// `at` is on an opening quote; the index just past the closing one.
-    fn string_end(&self, at: usize) -> Option<usize> {
-        let mut i = at + 1;
-        loop {
-            // Strings are most of a chat body: jump to the next quote or backslash.
-            i += memchr::memchr2(b'"', b'\\', self.buf.get(i..)?)?;
-            match self.buf[i] {
-                b'"' => return Some(i + 1),
-                _ => i += 2,
-            }
-        }
-    }
-
-    /// The index just past the value starting at `at`.
-    fn value_end(&self, at: usize) -> Option<usize> {
-        match self.byte(at)? {
-            b'"' => self.string_end(at),
-            b'{' | b'[' => {
-                let (mut depth, mut i) = (0usize, at);
-                loop {
-                    match self.byte(i)? {
-                        b'"' => {
-                            i = self.string_end(i)?;
-                            continue;
-                        }
-                        b'{' | b'[' => depth += 1,
-                        b'}' | b']' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                return Some(i + 1);
-                            }
-                        }
-                        _ => {}
-                    }
-                    i += 1;
-                }
-            }
-            _ => {
-                let mut i = at;
-                while !matches!(
-                    self.byte(i),
-                    None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
-                ) {
-                    i += 1;
-                }
-                Some(i)
-            }
-        }
-    }
-
-    /// Calls `visit` with each member of the object at `at`; stops early when it returns None.
-    fn members(&mut self, at: usize, mut visit: impl FnMut(&mut Self, Member) -> Option<()>) {
-        let _ = self.try_members(at, &mut visit);
-    }
-
-    fn try_members(
-        &mut self,
-        at: usize,
-        visit: &mut impl FnMut(&mut Self, Member) -> Option<()>,
-    ) -> Option<()> {
-        if self.byte(at)? != b'{' {
-            return None;
-        }
-        let mut i = self.skip_ws(at + 1);
-        if self.byte(i)? == b'}' {
-            return Some(());
-        }
-        loop {
-            let key_end = self.string_end(i)?;
-            let colon = self.skip_ws(key_end);
-            if self.byte(colon)? != b':' {
-                return None;
-            }
-            let value = self.skip_ws(colon + 1);
-            let end = self.value_end(value)?;
-            visit(self, Member { key: (i + 1, key_end - 1), value })?;
-            i = self.skip_ws(end);
-            match self.byte(i)? {
-                b',' => i = self.skip_ws(i + 1),
-                _ => return Some(()),
-            }
-        }
-    }
-
-    /// Calls `visit` with where each element of the array at `at` starts.
-    fn elements(&mut self, at: usize, mut visit: impl FnMut(&mut Self, usize)) {
-        let _ = self.try_elements(at, &mut visit);
-    }
-
-    fn try_elements(&mut self, at: usize, visit: &mut impl FnMut(&mut Self, usize)) -> Option<()> {
-        if self.byte(at)? != b'[' {
-            return None;
-        }
-        let mut i = self.skip_ws(at + 1);
-        if self.byte(i)? == b']' {
-            return Some(());
-        }
-        loop {
-            let end = self.value_end(i)?;
-            visit(self, i);
-            i = self.skip_ws(end);
-            match self.byte(i)? {
-                b',' => i = self.skip_ws(i + 1),
-                _ => return Some(()),
-            }
-        }
-    }
-
-    fn key_is(&self, member: &Member, name: &[u8]) -> bool {
-        let (start, end) = member.key;
-        self.buf.get(start..end).is_some_and(|raw| unescaped_eq(raw, name))
-    }
-
-    /// Feeds the unescaped contents of the string at `at` (nothing if it is not a string),
-    /// then a separator.
-    fn text(&mut self, at: usize) {
-        if self.byte(at) != Some(b'"') {
+        let room = self.block_bytes - self.filled;
+        if bytes.len() < room {
+            self.block[self.filled..self.filled + bytes.len()].copy_from_slice(bytes);
+            self.filled += bytes.len();
             return;
         }
-        let Some(end) = self.string_end(at) else { return };
-        let (buf, hasher, out) = (self.buf, &mut *self.hasher, &mut *self.out);
-        unescape(&buf[at + 1..end - 1], |piece| {
-            hasher.feed(piece, out);
-            true
-        });
-        hasher.feed(&[0], out);
-    }
-
-    fn document(&mut self) {
-        let start = self.skip_ws(0);
-        self.members(start, |walk, member| {
-            if walk.key_is(&member, b"messages") {
-                walk.elements(member.value, |walk, message| walk.message(message));
-            } else if walk.key_is(&member, b"prompt") {
-                match walk.byte(member.value) {
-                    Some(b'"') => walk.text(member.value),
-                    _ => walk.elements(member.value, |walk, piece| walk.text(piece)),
-                }
-            }
-            Some(())
-        });
-    }
-
-    /// One chat message: its role, then its content, whatever order the keys come in.
-    fn message(&mut self, at: usize) {
-        let (mut role, mut content) = (None, None);
-        self.members(at, |walk, member| {
-            if walk.key_is(&member, b"role") {
-                role = Some(member.value);
-            } else if walk.key_is(&member, b"content") {
-                content = Some(member.value);
-            }
-            Some(())
-        });
-        if let Some(role) = role {
-            self.text(role);
+        if self.filled > 0 {
+            let (fill, rest) = bytes.split_at(room);
+            self.block[self.filled..self.block_bytes].copy_from_slice(fill);
+            self.chain = xxh3_64_with_seed(&self.block[..self.block_bytes], self.chain);
+            out.push(self.chain);
+            self.filled = 0;
+            bytes = rest;
         }
-        let Some(content) = content else { return };
-        match self.byte(content) {
-            Some(b'"') => self.text(content),
-            Some(b'[') => self.elements(content, |walk, part| {
-                walk.members(part, |walk, member| {
-                    if walk.key_is(&member, b"text") {
-                        walk.text(member.value);
-                    }
-                    Some(())
-                });
-            }),
+        let mut blocks = bytes.chunks_exact(self.block_bytes);
+        for block in &mut blocks {
+            self.chain = xxh3_64_with_seed(block, self.chain);
+            out.push(self.chain);
+        }
+        let rest = blocks.remainder();
+        self.block[..rest.len()].copy_from_slice(rest);
+        self.filled = rest.len();
+    }
+}
+
+/// The unit of a piece's copy: two SSE2 moves.
+const CHUNK: usize = 32;
+
+/// Levels kept: 0 (unused, the document) to 5 (a part); deeper containers hold no prompt.
+const LEVELS: usize = 6;
+
+/// What an open container is, as far as the prompt goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// Holds no prompt, nor anything that does.
+    Other,
+    /// The top-level object.
+    Top,
+    /// The top-level `messages` array.
+    Messages,
+    /// An object element of `messages`.
+    Message,
+    /// A message's `content` array.
+    Parts,
+    /// An object element of a `content` array.
+    Part,
+    /// The top-level `prompt` array.
+    Prompts,
+}
+
+/// What the next value is, as far as the prompt goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    None,
+    /// The first top-level `messages`.
+    Messages,
+    /// An element of `messages`.
+    Message,
+    /// The first top-level `prompt`.
+    Prompt,
+    /// An element of a `prompt` array.
+    Piece,
+    /// A message's first `role`.
+    Role,
+    /// A message's first `content`.
+    Content,
+    /// An element of a `content` array.
+    Part,
+    /// A part's first `text`, fed as it comes.
+    Text,
+}
+
+/// A message's content seen before its role, fed when the message ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Deferred {
+    None,
+    /// The raw contents of a string.
+    String(Range<usize>),
+    /// An array of parts, brackets included (the end is set when it closes).
+    Parts(Range<usize>),
+}
+
+/// The observer that follows the prompt through a scan and feeds its pieces.
+struct PromptWalk<'a, 'h> {
+    body: &'a [u8],
+    hasher: &'h mut PromptHasher,
+    out: &'h mut Vec<u64>,
+    /// `levels[d]`: what the open container at level `d` is, for `d < LEVELS`.
+    levels: [Level; LEVELS],
+    /// What the innermost open container is (`Other` below level `LEVELS - 1`).
+    here: Level,
+    /// What the container at level 1 is: `Top` for a body, `Parts` for deferred parts.
+    root: Level,
+    /// What the value after the last key is.
+    slot: Slot,
+    messages_seen: bool,
+    prompt_seen: bool,
+    /// Of the current message.
+    role_seen: bool,
+    content_seen: bool,
+    /// The current parts array feeds its texts as they come (its message's role came first).
+    parts_live: bool,
+    deferred: Deferred,
+    /// Of the current part.
+    text_seen: bool,
+    /// Pieces found and not fed yet, as ranges of `body`: fed [`BATCH`] at a time, so that
+    /// the scan and the copying and hashing each run in a tight loop.
+    batch: [(usize, usize); BATCH],
+    batched: usize,
+}
+
+/// Pieces fed at a time.
+const BATCH: usize = 64;
+
+impl<'a, 'h> PromptWalk<'a, 'h> {
+    fn new(
+        body: &'a [u8],
+        hasher: &'h mut PromptHasher,
+        out: &'h mut Vec<u64>,
+        root: Level,
+    ) -> Self {
+        PromptWalk {
+            body,
+            hasher,
+            out,
+            levels: [Level::Other; LEVELS],
+            here: Level::Other,
+            root,
+            slot: Slot::None,
+            messages_seen: false,
+            prompt_seen: false,
+            role_seen: false,
+            content_seen: false,
+            parts_live: root == Level::Parts,
+            deferred: Deferred::None,
+            text_seen: false,
+            batch: [(0, 0); BATCH],
+            batched: 0,
+        }
+    }
+
+    /// What a value in the innermost open container is.
+    fn slot(&self) -> Slot {
+        match self.here {
+            Level::Top | Level::Message | Level::Part => self.slot,
+            Level::Messages => Slot::Message,
+            Level::Prompts => Slot::Piece,
+            Level::Parts => Slot::Part,
+            Level::Other => Slot::None,
+        }
+    }
+
+    /// Feeds a piece: a string's raw contents and the separator.
+    #[inline(always)]
+    fn piece(&mut self, raw: Range<usize>) {
+        self.batch[self.batched] = (raw.start, raw.end);
+        self.batched += 1;
+        if self.batched == BATCH {
+            self.flush_batch();
+        }
+    }
+
+    /// Feeds the pieces batched so far.
+    #[inline(never)]
+    fn flush_batch(&mut self) {
+        for &(start, end) in &self.batch[..self.batched] {
+            self.hasher.piece(self.body, start..end, self.out);
+        }
+        self.batched = 0;
+    }
+
+    /// Feeds a content that came before its message's role.
+    #[inline(never)]
+    fn flush_deferred(&mut self) {
+        match std::mem::replace(&mut self.deferred, Deferred::None) {
+            Deferred::None => {}
+            Deferred::String(raw) => self.piece(raw),
+            Deferred::Parts(parts) => {
+                self.flush_batch();
+                let buf = &self.body[..parts.end];
+                let mut walk = PromptWalk::new(buf, self.hasher, self.out, Level::Parts);
+                let seen = observe_value(buf, parts.start, &mut walk);
+                seen.expect("an array the scan has accepted");
+                walk.flush_batch();
+            }
+        }
+    }
+}
+
+/// The keys the prompt is found under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Name {
+    Messages,
+    Prompt,
+    Role,
+    Content,
+    Text,
+    Other,
+}
+
+impl Name {
+    /// The name of a key from its raw contents (compared after unescaping, as `find_model`
+    /// compares `"model"`).
+    #[inline(always)]
+    fn of(raw: &[u8], escaped: bool) -> Name {
+        if escaped {
+            return Name::unescaped(raw);
+        }
+        match raw {
+            b"messages" => Name::Messages,
+            b"prompt" => Name::Prompt,
+            b"role" => Name::Role,
+            b"content" => Name::Content,
+            b"text" => Name::Text,
+            _ => Name::Other,
+        }
+    }
+
+    #[inline(never)]
+    fn unescaped(raw: &[u8]) -> Name {
+        let names = [
+            (&b"messages"[..], Name::Messages),
+            (b"prompt", Name::Prompt),
+            (b"role", Name::Role),
+            (b"content", Name::Content),
+            (b"text", Name::Text),
+        ];
+        let found = names.iter().find(|(name, _)| unescaped_eq(raw, name));
+        found.map_or(Name::Other, |&(_, name)| name)
+    }
+}
+
+/// `slot` the first time (`seen` then set), `Slot::None` after.
+fn first(seen: &mut bool, slot: Slot) -> Slot {
+    match std::mem::replace(seen, true) {
+        false => slot,
+        true => Slot::None,
+    }
+}
+
+impl Observer for PromptWalk<'_, '_> {
+    #[inline(always)]
+    fn key(&mut self, _: usize, raw: Range<usize>, escaped: bool) {
+        if self.here == Level::Other {
+            self.slot = Slot::None;
+            return;
+        }
+        self.slot = match (self.here, Name::of(&self.body[raw], escaped)) {
+            (Level::Top, Name::Messages) => first(&mut self.messages_seen, Slot::Messages),
+            (Level::Top, Name::Prompt) => first(&mut self.prompt_seen, Slot::Prompt),
+            (Level::Message, Name::Role) => first(&mut self.role_seen, Slot::Role),
+            (Level::Message, Name::Content) => first(&mut self.content_seen, Slot::Content),
+            (Level::Part, Name::Text) if self.parts_live => first(&mut self.text_seen, Slot::Text),
+            _ => Slot::None,
+        };
+    }
+
+    #[inline(always)]
+    fn string(&mut self, _: usize, raw: Range<usize>) {
+        match self.slot() {
+            Slot::Prompt | Slot::Piece | Slot::Role | Slot::Text => self.piece(raw),
+            Slot::Content if self.role_seen => self.piece(raw),
+            Slot::Content => self.deferred = Deferred::String(raw),
             _ => {}
         }
+    }
+
+    #[inline(always)]
+    fn open(&mut self, depth: usize, at: usize, object: bool) {
+        self.here = match (self.slot(), object) {
+            _ if depth == 1 => self.root,
+            (Slot::Messages, false) => Level::Messages,
+            (Slot::Prompt, false) => Level::Prompts,
+            (Slot::Message, true) => {
+                self.role_seen = false;
+                self.content_seen = false;
+                Level::Message
+            }
+            (Slot::Content, false) => {
+                self.parts_live = self.role_seen;
+                if !self.parts_live {
+                    self.deferred = Deferred::Parts(at..at);
+                }
+                Level::Parts
+            }
+            (Slot::Part, true) => {
+                self.text_seen = false;
+                Level::Part
+            }
+            _ => Level::Other,
+        };
+        if let Some(level) = self.levels.get_mut(depth) {
+            *level = self.here;
+        }
+    }
+
+    #[inline(always)]
+    fn close(&mut self, depth: usize, at: usize) {
+        match self.here {
+            Level::Message if self.deferred != Deferred::None => self.flush_deferred(),
+            Level::Parts => {
+                if let Deferred::Parts(parts) = &mut self.deferred {
+                    parts.end = at + 1;
+                }
+            }
+            _ => {}
+        }
+        self.here = match self.levels.get(depth - 1) {
+            Some(&level) => level,
+            None => Level::Other,
+        };
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hashes(body: &str, block: usize) -> (Vec<u64>, usize) {
-        assert!(super::super::json::find_model(body.as_bytes()).is_ok(), "test body: {body}");
-        let mut out = Vec::new();
-        let bytes = PromptHasher::new(block).hash_body(body.as_bytes(), &mut out);
-        (out, bytes)
-    }
-
-    fn of_text(text: &[u8], block: usize) -> Vec<u64> {
-        let mut out = Vec::new();
-        PromptHasher::new(block).hash_text(text, &mut out);
-        out
-    }
-
-    #[test]
-    fn chat_text_is_roles_and_contents_in_order() {
-        let body = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
-            {"content":"hi there","role":"user"}],"stream":true}"#;
-        let (out, bytes) = hashes(body, 4);
-        let text = b"system\0be brief\0user\0hi there\0";
-        assert_eq!(bytes, text.len());
-        assert_eq!(out, of_text(text, 4));
-        assert_eq!(out.len(), text.len() / 4);
-    }
-
-    #[test]
-    fn escapes_parts_and_prompts_are_read_as_text() {
-        let parts = r#"{"model":"m","messages":[{"role":"user","content":[
-            {"type":"text","text":"a\nb"},{"type":"image_url","image_url":{"url":"x"}},
-            {"type":"text","text":"\u00e9"}]}]}"#;
-        assert_eq!(hashes(parts, 3).0, of_text("user\0a\nb\0é\0".as_bytes(), 3));
-        let prompt = r#"{"prompt":"once upon","model":"m"}"#;
-        assert_eq!(hashes(prompt, 2).0, of_text(b"once upon\0", 2));
-        let pieces = r#"{"model":"m","prompt":["ab","cd"]}"#;
-        assert_eq!(hashes(pieces, 2).0, of_text(b"ab\0cd\0", 2));
-        let tokens = r#"{"model":"m","prompt":[1,2,3]}"#;
-        assert_eq!(hashes(tokens, 1), (vec![], 0));
-    }
-
-    #[test]
-    fn a_longer_conversation_extends_the_chain() {
-        let turn1 = r#"{"model":"m","messages":[{"role":"user","content":"the first question"}]}"#;
-        let turn2 = r#"{"model":"m","messages":[{"role":"user","content":"the first question"},
-            {"role":"assistant","content":"an answer"},{"role":"user","content":"more"}]}"#;
-        let (a, _) = hashes(turn1, 8);
-        let (b, _) = hashes(turn2, 8);
-        assert!(!a.is_empty() && b.len() > a.len());
-        assert_eq!(&b[..a.len()], &a[..]);
-        let other = r#"{"model":"m","messages":[{"role":"user","content":"The first question"}]}"#;
-        assert_ne!(hashes(other, 8).0[0], a[0]);
-    }
-
-    #[test]
-    fn nested_keys_of_the_same_name_do_not_count() {
-        let body = r#"{"model":"m","metadata":{"messages":[{"role":"user","content":"x"}],
-            "prompt":"y"},"messages":[{"role":"user","content":"z"}]}"#;
-        assert_eq!(hashes(body, 1).0, of_text(b"user\0z\0", 1));
-    }
-
-    #[test]
-    fn the_hasher_is_reusable() {
-        let mut hasher = PromptHasher::new(4);
-        let mut out = Vec::new();
-        let body = br#"{"model":"m","prompt":"abcdefgh"}"#;
-        hasher.hash_body(body, &mut out);
-        let first = out.clone();
-        hasher.hash_body(br#"{"model":"m","prompt":"zz"}"#, &mut out);
-        assert!(out.is_empty());
-        hasher.hash_body(body, &mut out);
-        assert_eq!(out, first);
-    }
-
-    #[test]
-    fn truncated_or_odd_input_does_not_panic() {
-        let body = br#"{"model":"m","messages":[{"role":"user","content":"abc"}]}"#;
-        let mut hasher = PromptHasher::new(2);
-        let mut out = Vec::new();
-        for end in 0..body.len() {
-            hasher.hash_body(&body[..end], &mut out);
-        }
-        for odd in [&b"[]"[..], b"\"x\"", b"{\"messages\":5}", b"{\"prompt\":{}}", b"{\"a\"}"] {
-            hasher.hash_body(odd, &mut out);
-        }
-    }
-}
+#[path = "prompt_tests.rs"]
+mod tests;

@@ -1,0 +1,280 @@
+//! The token counts an engine reports in a response body (`usage`), read as the body is relayed.
+//!
+//! # What is read
+//!
+//! An OpenAI-style response ends with a `usage` object:
+//! `"usage":{"prompt_tokens":N,"total_tokens":T,"completion_tokens":C,`
+//! `"prompt_tokens_details":{"cached_tokens":M}}`. A non-streaming body carries it once; a stream
+//! whose client asked for `stream_options.include_usage` sends it in a last `data:` event (with
+//! `"choices":[]`) before `data: [DONE]`, and vLLM with continuous usage stats sends one in
+//! every event. vLLM and SGLang follow OpenAI's shape; `prompt_tokens_details` and its
+//! `cached_tokens` may be absent or `null`. [`UsageScanner`] is fed every read of a response
+//! body, split anywhere (in a key, in a number), and reports the last `prompt_tokens` and the
+//! last `cached_tokens` it saw ([`Usage`]), wherever they are in the body. It is sans-IO, holds
+//! a few dozen bytes of state, allocates nothing, and does not parse the body.
+//!
+//! # How
+//!
+//! Both keys end in `tokens"`. The scanner skips from one `tokens"` to the next with
+//! `memchr::memmem`: a vectorised search for two of the needle's bytes (the "packed pair" form of
+//! Muła's generic SIMD substring search, with AVX2 when the CPU has it, chosen at run time), each
+//! candidate confirmed, and Two-Way (Crochemore and Perrin 1991) where that does not apply. Most
+//! bytes are only touched by the vector compare. At each occurrence it checks the eight bytes
+//! before (`"prompt_` or `"cached_`) and the one before those (`{`, `,` or JSON whitespace), then
+//! reads the rest a byte at a time through a small state machine: whitespace, `:`, whitespace, the
+//! digits, whitespace, and `,`, `}` or `]`. The last 16 bytes of each read are kept, so a key cut
+//! by the end of a read is found when the next read completes it; the state machine itself carries
+//! a value across reads.
+//!
+//! # Why text inside a string cannot match
+//!
+//! Inside a JSON string every `"` byte is escaped, so it directly follows a `\` (RFC 8259
+//! section 7). The needle's quote directly follows `s`, so it is outside every string: it ends
+//! one. The quote eight bytes earlier directly follows `{`, `,` or whitespace, never `\`, so it
+//! is outside a string too and begins one: the string between them is exactly `prompt_tokens`
+//! (or `cached_tokens`). The `:` that must follow makes that string a key, not a value that
+//! spells the word (`"content":"prompt_tokens"`). An assistant's text that mentions
+//! `"prompt_tokens": 5` is sent as `\"prompt_tokens\": 5` and matches nothing.
+//!
+//! # Numbers
+//!
+//! A value counts when it is a JSON integer (`0`, or a digit 1-9 and more digits) no greater
+//! than `u32::MAX`, followed by optional whitespace and `,`, `}` or `]`. A sign, a fraction, an
+//! exponent, a leading zero, an overflow, `null` or any other value is ignored, and the previous
+//! value stands. The end of a value is only known at its terminator, so a number cut by the end
+//! of a read is continued by the next read, and a number cut by the end of the body is not
+//! reported.
+//!
+//! # Chunked framing
+//!
+//! Feed it the body's data: what `BodyRelay` decodes from a chunked backend body, not the framing.
+//! Fed bytes with chunked framing in them instead (a backend's chunked body as read, or the
+//! re-chunked body the client gets), the framing lies between pieces of the body: `\r\n`, a
+//! hexadecimal size, `\r\n`, possibly an extension. A piece boundary inside a key leaves the key
+//! unmatched. Inside or just after a number, the number is followed by whitespace and a hexadecimal
+//! digit or letter, never by `,`, `}` or `]`: it is dropped. Between the colon and the number, a
+//! size of decimal digits reads as a number, but whitespace and the real digits follow it, not a
+//! terminator: dropped too. So framing can make the scanner miss a value (the previous one, or
+//! `None`, stands), never read a wrong one. A size line holds no `"` (unless it carries a quoted
+//! extension, which engines do not send), so framing cannot complete a key either.
+//!
+//! # What it trusts
+//!
+//! The body is what an engine sent: JSON, or SSE events of JSON. The scanner does not validate
+//! it, and does not know whether a key is inside `usage`; a non-JSON body (an HTML error page)
+//! that happens to contain `{"prompt_tokens":5,` would be read as saying so. Keys are matched
+//! as sent: an escaped spelling (`"prompt\u005ftokens"`) is not recognised; engines do not
+//! escape ASCII keys.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+
+/// What every key looked for ends with.
+const NEEDLE: &[u8] = b"tokens\"";
+
+/// The bytes checked before the needle: one that may precede a key's opening quote, and the
+/// quote with the first half of the key.
+const LOOKBEHIND: usize = 9;
+
+/// Bytes of the previous reads kept: a needle begun in them (at most `NEEDLE.len() - 1` bytes)
+/// with its lookbehind.
+const TAIL: usize = 16;
+
+static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(NEEDLE));
+
+/// The token counts read from a response body; `None` when none was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// The last `prompt_tokens`.
+    pub prompt_tokens: Option<u32>,
+    /// The last `cached_tokens` (OpenAI's `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: Option<u32>,
+}
+
+/// Reads [`Usage`] from a response body fed in pieces; one per response, or [`reset`] between
+/// responses.
+///
+/// [`reset`]: UsageScanner::reset
+#[derive(Debug, Clone)]
+pub struct UsageScanner {
+    state: State,
+    /// The last bytes fed: `tail[..tail_len]`, oldest first.
+    tail: [u8; TAIL],
+    tail_len: usize,
+    usage: Usage,
+}
+
+/// The keys read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Prompt,
+    Cached,
+}
+
+/// Where the scanner is, between bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Looking for a key.
+    Seek,
+    /// After a key's closing quote: whitespace, then `:`.
+    Colon(Key),
+    /// After the colon: whitespace, then the first digit.
+    Value(Key),
+    /// In the digits: `value` so far (`None` past `u32::MAX`); `zero` when the first was `0`.
+    Digits { key: Key, value: Option<u32>, zero: bool },
+    /// After the digits: whitespace, then `,`, `}` or `]`.
+    End { key: Key, value: Option<u32> },
+}
+
+impl Default for UsageScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl UsageScanner {
+    /// A scanner that has seen nothing.
+    pub fn new() -> Self {
+        UsageScanner { state: State::Seek, tail: [0; TAIL], tail_len: 0, usage: Usage::default() }
+    }
+
+    /// Forgets everything, for the next response.
+    pub fn reset(&mut self) {
+        *self = Self::new();
+    }
+
+    /// What the body fed so far reports: the last complete value of each key.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Reads the next piece of the body.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let mut at = match self.state {
+            State::Seek => self.junction(bytes),
+            _ => 0,
+        };
+        loop {
+            while self.state != State::Seek && at < bytes.len() {
+                if self.step(bytes[at]) {
+                    at += 1;
+                }
+            }
+            if at >= bytes.len() {
+                break;
+            }
+            let Some(found) = FINDER.find(&bytes[at..]) else { break };
+            let needle = at + found;
+            at = needle + NEEDLE.len();
+            if let Some(key) = self.key_at(bytes, needle) {
+                self.state = State::Colon(key);
+            }
+        }
+        self.remember(bytes);
+    }
+
+    /// A needle begun in the previous reads and ended in `bytes`: when it is a key, the state
+    /// after it, and where in `bytes` it ends; 0 otherwise.
+    fn junction(&mut self, bytes: &[u8]) -> usize {
+        let head = bytes.len().min(NEEDLE.len() - 1);
+        let mut joint = [0u8; TAIL + NEEDLE.len() - 1];
+        joint[..self.tail_len].copy_from_slice(&self.tail[..self.tail_len]);
+        joint[self.tail_len..self.tail_len + head].copy_from_slice(&bytes[..head]);
+        let joint = &joint[..self.tail_len + head];
+        let first = self.tail_len.saturating_sub(NEEDLE.len() - 1).max(LOOKBEHIND);
+        for start in first..self.tail_len {
+            if joint[start..].starts_with(NEEDLE) {
+                if let Some(key) = key_after(&joint[start - LOOKBEHIND..start]) {
+                    self.state = State::Colon(key);
+                    return start + NEEDLE.len() - self.tail_len;
+                }
+            }
+        }
+        0
+    }
+
+    /// The key whose needle starts at `bytes[needle]`, if it is one, looking back into the
+    /// previous reads when the lookbehind starts before `bytes`.
+    fn key_at(&self, bytes: &[u8], needle: usize) -> Option<Key> {
+        if needle >= LOOKBEHIND {
+            return key_after(&bytes[needle - LOOKBEHIND..needle]);
+        }
+        let from_tail = LOOKBEHIND - needle;
+        if self.tail_len < from_tail {
+            return None;
+        }
+        let mut back = [0u8; LOOKBEHIND];
+        back[..from_tail].copy_from_slice(&self.tail[self.tail_len - from_tail..self.tail_len]);
+        back[from_tail..].copy_from_slice(&bytes[..needle]);
+        key_after(&back)
+    }
+
+    /// Moves the state machine by one byte after a key; whether the byte was used (a byte that
+    /// ends a match is looked at again from `Seek`).
+    fn step(&mut self, b: u8) -> bool {
+        let white = matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        let end = matches!(b, b',' | b'}' | b']');
+        let (next, used) = match self.state {
+            State::Seek => (State::Seek, false),
+            _ if white => match self.state {
+                State::Digits { key, value, .. } => (State::End { key, value }, true),
+                state => (state, true),
+            },
+            State::Colon(key) if b == b':' => (State::Value(key), true),
+            State::Value(key) if b.is_ascii_digit() => {
+                let value = Some(u32::from(b - b'0'));
+                (State::Digits { key, value, zero: b == b'0' }, true)
+            }
+            State::Digits { key, value, zero: false } if b.is_ascii_digit() => {
+                let value = value.and_then(|v| v.checked_mul(10)?.checked_add(u32::from(b - b'0')));
+                (State::Digits { key, value, zero: false }, true)
+            }
+            State::Digits { key, value, .. } | State::End { key, value } if end => {
+                self.commit(key, value);
+                (State::Seek, true)
+            }
+            _ => (State::Seek, false),
+        };
+        self.state = next;
+        used
+    }
+
+    fn commit(&mut self, key: Key, value: Option<u32>) {
+        let Some(value) = value else { return };
+        match key {
+            Key::Prompt => self.usage.prompt_tokens = Some(value),
+            Key::Cached => self.usage.cached_tokens = Some(value),
+        }
+    }
+
+    /// Keeps the last `TAIL` bytes seen.
+    fn remember(&mut self, bytes: &[u8]) {
+        if bytes.len() >= TAIL {
+            self.tail.copy_from_slice(&bytes[bytes.len() - TAIL..]);
+            self.tail_len = TAIL;
+            return;
+        }
+        let keep = self.tail_len.min(TAIL - bytes.len());
+        self.tail.copy_within(self.tail_len - keep..self.tail_len, 0);
+        self.tail[keep..keep + bytes.len()].copy_from_slice(bytes);
+        self.tail_len = keep + bytes.len();
+    }
+}
+
+/// The key whose needle follows `back` (the `LOOKBEHIND` bytes before it): `back` is a byte
+/// that may precede a key's opening quote, then the quote and `prompt_` or `cached_`.
+fn key_after(back: &[u8]) -> Option<Key> {
+    if !matches!(back[0], b'{' | b',' | b' ' | b'\t' | b'\n' | b'\r') {
+        return None;
+    }
+    match &back[1..] {
+        b"\"prompt_" => Some(Key::Prompt),
+        b"\"cached_" => Some(Key::Cached),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;

@@ -88,6 +88,9 @@ pub struct Generation {
     pub limits: Limits,
     /// The body of `GET /v1/models`.
     pub models_json: Vec<u8>,
+    /// The prompt block size of the live models that hash prompts (prefix-cost), when there
+    /// are any: the shards hash every body in the pass that finds its model.
+    pub prompt_block_bytes: Option<usize>,
 }
 
 /// A model that needs a scheduler: the host to run on shard `home`.
@@ -146,7 +149,13 @@ impl Generation {
             ..Limits::default()
         };
         let models_json = models_json(&models);
-        let generation = Generation { number, config, models, by_name, limits, models_json };
+        let prompt_block_bytes = models
+            .iter()
+            .filter(|m| m.live && m.prompts.is_some())
+            .map(|m| m.config.queue.prefix_block_bytes as usize)
+            .max();
+        let generation =
+            Generation { number, config, models, by_name, limits, models_json, prompt_block_bytes };
         Ok((generation, hosts))
     }
 

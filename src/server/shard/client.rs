@@ -149,6 +149,7 @@ impl Shard {
                     bytes_out: 0,
                     ttfb: None,
                     failure: None,
+                    usage: UsageScanner::new(),
                 }));
                 c.phase = Phase::Body;
                 if expect {
@@ -236,8 +237,17 @@ impl Shard {
             Some(_) => &req.decoded[..],
             None => &c.rbuf[req.head.head_len..req.raw_len],
         };
-        let field = match find_model(body) {
-            Ok(field) => field,
+        // One pass finds the model and, when a model hashes prompts, the prompt's block hashes
+        // (into the shard's scratch vector; copied into the model's pool slot below).
+        if let Some(block) = gen.prompt_block_bytes {
+            if self.prompt_hasher.block_bytes() != block {
+                self.prompt_hasher = PromptHasher::new(block);
+            }
+        }
+        let hasher =
+            gen.prompt_block_bytes.map(|_| (&mut self.prompt_hasher, &mut self.prompt_scratch));
+        let field = match find_model_and_prompt(body, hasher) {
+            Ok((field, _)) => field,
             Err(e) => {
                 let message = e.to_string();
                 return self.router_error(key, 400, "invalid_request", &message, None);
@@ -277,7 +287,24 @@ impl Shard {
         let serial = self.serial << KEY_BITS | key as u64;
         let id = RequestId::new(shard, serial);
         let prompt = match &m.prompts {
+            Some(pool)
+                if m.config.queue.prefix_block_bytes as usize
+                    == self.prompt_hasher.block_bytes() =>
+            {
+                match pool.acquire() {
+                    Some(slot) => {
+                        let scratch = &self.prompt_scratch;
+                        pool.with(slot, |hashes| {
+                            hashes.clear();
+                            hashes.extend_from_slice(scratch);
+                        });
+                        slot
+                    }
+                    None => NO_PROMPT,
+                }
+            }
             Some(pool) => {
+                // Another model's block size: a second pass at this model's.
                 let body = match req.decoder {
                     Some(_) => &req.decoded[..],
                     None => &c.rbuf[req.head.head_len..req.raw_len],
@@ -507,7 +534,12 @@ impl Shard {
         if let (Some(admission), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
             let _ = admission;
-            self.send(model, Input::Complete { id: req.id, success, usage: Usage::NONE });
+            let seen = req.usage.usage();
+            let usage = Usage {
+                prompt_tokens: seen.prompt_tokens.unwrap_or(0),
+                cached_tokens: seen.cached_tokens.unwrap_or(Usage::UNKNOWN_CACHED),
+            };
+            self.send(model, Input::Complete { id: req.id, success, usage });
         }
         if let Some(model) = req.model {
             let elapsed = self.rate.duration(now.saturating_sub(req.started));

@@ -36,9 +36,10 @@ use slab::Slab;
 
 use crate::clock::{Clock, Tick, TickRate};
 use crate::protocol::prompt::PromptHasher;
+use crate::protocol::usage::UsageScanner;
 use crate::protocol::{
-    find_model, parse_request_head, parse_response_head, write_client_response_head, write_error,
-    write_protocol_error, write_upstream_head, BodyRelay, ChunkedDecoder, ClientInfo,
+    find_model_and_prompt, parse_request_head, parse_response_head, write_client_response_head,
+    write_error, write_protocol_error, write_upstream_head, BodyRelay, ChunkedDecoder, ClientInfo,
     ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
     ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
@@ -181,6 +182,8 @@ struct Request {
     ttfb: Option<Tick>,
     /// The backend failed after response bytes were relayed (the stream was cut).
     failure: Option<UpstreamError>,
+    /// Reads the `usage` of a 2xx response as it is relayed (what the scheduler learns from).
+    usage: UsageScanner,
 }
 
 #[derive(Debug)]
@@ -307,6 +310,8 @@ struct Shard {
     log_line: Vec<u8>,
     /// S16: cuts prompts into hashed blocks (its buffer is one block, reused).
     prompt_hasher: PromptHasher,
+    /// The block hashes of the last body scanned (see `client.rs`, `inference`).
+    prompt_scratch: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -398,6 +403,7 @@ impl Shard {
             log,
             log_line: Vec::with_capacity(1024),
             prompt_hasher: PromptHasher::new(256),
+            prompt_scratch: Vec::new(),
         })
     }
 

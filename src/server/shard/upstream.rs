@@ -328,6 +328,7 @@ impl Shard {
             u.framing = Some(head.framing);
             u.keep_alive = head.keep_alive;
             u.body = BodyRelay::new(head.framing, plan.framing);
+            req.usage.reset();
             req.status = head.status;
             req.keep_alive = plan.keep_alive;
             consumed = head.head_len;
@@ -351,6 +352,11 @@ impl Shard {
             Err(_) => return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed)),
         };
         let body_bytes = c.wbuf.len() > before;
+        if (200..300).contains(&req.status) {
+            // The client-framed bytes: a chunk-size line between pieces can only hide a value
+            // (protocol::usage), so no decoded copy is kept for this.
+            req.usage.feed(&c.wbuf[before..]);
+        }
         u.rbuf.copy_within(consumed..u.rlen, 0);
         u.rlen -= consumed;
         let first_byte = body_bytes && req.streaming && !req.first_byte_sent;

@@ -1,0 +1,120 @@
+//! Issue [8] end to end: what the router learns with no key set, through real sockets. Two
+//! simulated engines of different profiles (`h100-8b`, which prefills 8,192 tokens a step, and
+//! `l4-3b`, 2,048 a step at about a quarter of the rate) behind one model with the default
+//! configuration, a saturating stream of chat requests from `warmpath bench`'s client, and
+//! then what `/debug/backends` and `/metrics` say:
+//! - tokens per byte learned from the responses' `usage`;
+//! - each backend's prefill rate within ±20 % of its profile's true rate after 30 s of engine
+//!   time (the sims run 5x faster than real time, so 6 s of real time);
+//! - each backend's KV capacity as its engine exports it;
+//! - the admission budget opened wider on the engine that can run more of these requests at
+//!   once: 12,000-word prompts decoding 100 tokens fill the L4's KV cache with about nine of
+//!   them, so requests wait inside it and its budget closes, while the H100's holds about
+//!   thirty-five.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use warmpath::bench::{run_workload, MultiTurn};
+use warmpath::sim::{prefill_capacity, profile, start, SimOptions};
+
+use support::client;
+use support::router::Setup;
+
+const TIME_SCALE: f64 = 5.0;
+
+#[test]
+fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
+    let profiles = ["h100-8b", "l4-3b"];
+    let sims: Vec<_> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let params = profile(name).expect("a profile");
+            let options =
+                SimOptions { time_scale: TIME_SCALE, seed: i as u64, params, ..SimOptions::new() };
+            start(options).expect("a sim starts")
+        })
+        .collect();
+    let backends: Vec<String> = sims.iter().map(|s| s.addr().to_string()).collect();
+    let router = Setup::new()
+        .model("sim-8b", &backends)
+        .model_key("engine", "vllm")
+        .queue("timeout", "60s")
+        .start();
+
+    // 30 s of engine time of unshared 12,000-word prompts at about twice what the two engines
+    // prefill, 100 tokens each: both engines stay saturated with prefill.
+    let capacity: f64 = profiles.iter().map(|p| prefill_capacity(&profile(p).unwrap())).sum();
+    let duration = Duration::from_secs_f64(30.0 / TIME_SCALE);
+    let workload = MultiTurn {
+        rate: 2.0 * capacity * TIME_SCALE / 12_000.0,
+        duration,
+        turns: 1,
+        system_words: 0,
+        context_words: 12_000,
+        new_words: 10,
+        answer_tokens: 100,
+        think_mean: Duration::ZERO,
+        seed: 3,
+    }
+    .workload();
+    let options = warmpath::bench::RunOptions {
+        model: "sim-8b".into(),
+        max_inflight: 512,
+        stop_after: Some(duration),
+        ..Default::default()
+    };
+    let target = format!("http://{}", router.addr);
+    let result = run_workload(&target, &workload, &options).expect("the run");
+    let served = result.samples.iter().filter(|s| s.status == 200).count();
+    assert!(served > 20, "requests served: {served}, errors {:?}", result.errors);
+
+    let debug = client::get(router.admin, "/debug/backends").json();
+    let backends = debug["backends"].as_array().expect("backends");
+    let learned = |i: usize| -> &Value { &backends[i]["learned"] };
+    let tokens_per_byte = learned(0)["tokens_per_byte"].as_f64().expect("learned");
+    assert!(
+        (0.1..0.24).contains(&tokens_per_byte),
+        "a word of the bench's vocabulary is about 4.3 bytes with its space, and JSON adds a \
+         little: {tokens_per_byte}"
+    );
+    let mut budgets = Vec::new();
+    for (i, name) in profiles.iter().enumerate() {
+        let params = profile(name).unwrap();
+        let truth = prefill_capacity(&params) * TIME_SCALE;
+        let rate = learned(i)["prefill_tokens_per_second"].as_f64().expect("a measured rate");
+        assert!(
+            (rate / truth - 1.0).abs() <= 0.2,
+            "{name}: learned {rate:.0} tokens/s against {truth:.0} (real time)\n{debug:#}"
+        );
+        let capacity = u64::from(params.kv_blocks) * u64::from(params.block_size);
+        assert_eq!(learned(i)["kv_capacity_tokens"].as_u64(), Some(capacity), "{name}");
+        budgets.push(learned(i)["admission_budget_tokens"].as_u64().expect("a budget"));
+        println!("{name}: learned {rate:.0} tokens/s, true {truth:.0}; {}", learned(i));
+    }
+    assert!(
+        budgets[0] > budgets[1],
+        "the engine that holds four times the KV takes more: {budgets:?}"
+    );
+
+    let metrics = client::get(router.admin, "/metrics").text();
+    for family in [
+        "warmpath_backend_prefill_tokens_per_second{",
+        "warmpath_backend_admission_budget_tokens{",
+        "warmpath_backend_kv_capacity_tokens{",
+        "warmpath_tokens_per_byte{",
+    ] {
+        assert_eq!(
+            metrics.lines().filter(|l| l.starts_with(family)).count(),
+            if family.starts_with("warmpath_tokens") { 1 } else { 2 },
+            "{family} series in\n{metrics}"
+        );
+    }
+    drop(router);
+    for sim in sims {
+        sim.stop();
+    }
+}

@@ -66,16 +66,25 @@ window_for() { # TRACE: trace seconds replayed
 # scraped from SIM1 SIM2; the bench's JSON goes to $OUT under LABEL, its output to
 # $TMP/bench.out and .err (the last lines are printed). Uses WARMPATH, OUT and TMP.
 replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
-  local front=$1 trace=$2 load=$3 label=$4 compress window duration
-  compress=$(compress_for "$trace" "$load")
-  window=$(window_for "$trace")
-  duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
-  log "$label: $trace x$compress for $duration of replay"
+  local front=$1 trace=$2 load=$3 label=$4 compress window duration pace
+  if [[ ${LOAD_MODE:-ratio} == profile ]]; then
+    # The load as a fraction of the two engines' capacity by their profiles
+    # (src/bench/load.rs), the whole trace replayed.
+    pace=(--load "$load" --engine-profile "${PROFILE1:-h100-8b}"
+      --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
+    log "$label: $trace at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b} (sims x$SIM_SCALE)"
+  else
+    compress=$(compress_for "$trace" "$load")
+    window=$(window_for "$trace")
+    duration=$(python3 -c "print(f'{$window / $compress:.3f}s')")
+    pace=(--time-scale "$compress" --duration "$duration")
+    log "$label: $trace x$compress for $duration of replay"
+  fi
   "$WARMPATH" bench --target "http://127.0.0.1:$front" --model sim-8b --workload "$trace" \
-    --time-scale "$compress" --duration "$duration" --no-progress --label "$label" \
+    "${pace[@]}" --no-progress --label "$label" \
     --engine-metrics "http://127.0.0.1:$5/metrics" \
     --engine-metrics "http://127.0.0.1:$6/metrics" \
-    --max-inflight 1024 --out "$OUT" >"$TMP/bench.out" 2>"$TMP/bench.err" || true
+    --max-inflight 1024 --out "$OUT" ${BENCH_EXTRA:-} >"$TMP/bench.out" 2>"$TMP/bench.err" || true
   tail -n 4 "$TMP/bench.out"
 }
 save_sim_metrics() { # LABEL SIM1 SIM2: each engine's /metrics into $OUT/LABEL.simN-metrics.txt
@@ -84,8 +93,11 @@ save_sim_metrics() { # LABEL SIM1 SIM2: each engine's /metrics into $OUT/LABEL.s
 }
 
 start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_compare starts them
-  start_bg "$3/sim1.log" "$WARMPATH" sim --listen "127.0.0.1:$1" --time-scale "$SIM_SCALE" --seed 1
-  start_bg "$3/sim2.log" "$WARMPATH" sim --listen "127.0.0.1:$2" --time-scale "$SIM_SCALE" --seed 2
+  # PROFILE1 / PROFILE2 (default h100-8b): each engine's `warmpath sim --profile`.
+  start_bg "$3/sim1.log" "$WARMPATH" sim --listen "127.0.0.1:$1" --time-scale "$SIM_SCALE" \
+    --seed 1 --profile "${PROFILE1:-h100-8b}"
+  start_bg "$3/sim2.log" "$WARMPATH" sim --listen "127.0.0.1:$2" --time-scale "$SIM_SCALE" \
+    --seed 2 --profile "${PROFILE2:-h100-8b}"
   wait_http "http://127.0.0.1:$1/health" && wait_http "http://127.0.0.1:$2/health"
 }
 
@@ -93,8 +105,17 @@ start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_com
 # boost-sa, boost-pc, fifo-pc, kthena), listening on LISTEN_PORT / ADMIN_PORT, in front of the engines SIM1 SIM2.
 # EXTRA_SERVER: more lines for [server] (e.g. debug_headers = true); EXTRA_QUEUE for [queue].
 warmpath_config() { # NAME LISTEN_PORT ADMIN_PORT SIM1 SIM2
-  local strategy routing extra=""
+  local strategy="" routing="" extra=""
   case $1 in
+    # Issue [8]: warmpath with no queue or routing key set (what it learns).
+    wp-auto) ;;
+    # A static configuration of the pre-[8] knobs: st-ROUTING-BUDGET, ROUTING pc
+    # (prefix-cost) or sa (session-affinity), BUDGET prefill_tokens_per_backend (0 = off),
+    # session-boost, the prefix index fixed at its former default of 8,192 blocks.
+    st-pc-* | st-sa-*)
+      strategy=session-boost
+      [[ $1 == st-pc-* ]] && routing=prefix-cost || routing=session-affinity
+      extra="prefill_tokens_per_backend = ${1##*-}"$'\n'"prefix_index_blocks = 8192" ;;
     fifo-li) strategy=fifo routing=least-inflight ;;
     fifo-sa) strategy=fifo routing=session-affinity ;;
     boost-li) strategy=session-boost routing=least-inflight ;;
@@ -114,7 +135,7 @@ pin_cores = false
 ${EXTRA_SERVER:-}
 
 [queue]
-strategy = "$strategy"
+$([[ -n $strategy ]] && echo "strategy = \"$strategy\"")
 timeout = "300s"
 $extra
 ${EXTRA_QUEUE:-}
@@ -125,7 +146,7 @@ metrics_interval = "100ms"
 [[model]]
 name = "sim-8b"
 engine = "vllm"
-routing = "$routing"
+$([[ -n $routing ]] && echo "routing = \"$routing\"")
 backends = ["127.0.0.1:$4", "127.0.0.1:$5"]
 EOF
 }

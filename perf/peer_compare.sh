@@ -22,6 +22,13 @@
 #                    warmpath boost-sa replicas, each in front of both engines
 #   wp-x2-split      wp-x2 with prefill_tokens_per_backend = 8192 per replica, so that the two
 #                    replicas together allow the engines the prefill backlog one replica allows
+#   wp-auto          warmpath with no queue or routing key set (issue [8]: what it learns)
+#   wp-auto-x2       two wp-auto replicas behind HAProxy hashing on X-Session-ID
+#   st-pc-N, st-sa-N a static configuration: session-boost, prefix-cost (pc) or
+#                    session-affinity (sa), prefill_tokens_per_backend = N, prefix index 8,192
+# PROFILE1, PROFILE2 (default h100-8b): the engines' `warmpath sim --profile`. LOAD_MODE=profile
+# replays the whole trace at LOAD of the two engines' capacity by their profiles
+# (`warmpath bench --load`, src/bench/load.rs) instead of the ratios below.
 # Warmpath targets are configured as in perf/trace_compare.sh (one shard, metrics_interval
 # 100ms, queue timeout 300 s).
 #
@@ -91,7 +98,7 @@ needs_sglang=0 needs_haproxy=0
 for t in $TARGETS; do
   case $t in
     sgl-*) needs_sglang=1 ;;
-    haproxy | wp-x2*) needs_haproxy=1 ;;
+    haproxy | wp-x2* | wp-auto-x2) needs_haproxy=1 ;;
   esac
 done
 
@@ -262,6 +269,12 @@ start_target() { # TARGET
       start_warmpath boost-sa "$REP2" "$ADMIN2" replica2 "$extra"
       start_haproxy 0 /healthz "r1=$REP1" "r2=$REP2"
       ;;
+    wp-auto-x2)
+      # Issue [8]: two replicas with no key set, no budget split by hand.
+      start_warmpath wp-auto "$REP1" "$ADMIN1" replica1
+      start_warmpath wp-auto "$REP2" "$ADMIN2" replica2
+      start_haproxy 0 /healthz "r1=$REP1" "r2=$REP2"
+      ;;
     *) start_warmpath "$1" "$FRONT" "$ADMIN" router ;;
   esac
 }
@@ -270,7 +283,7 @@ save_target_metrics() { # TARGET LABEL
   case $1 in
     sgl-*) curl -fsS "http://127.0.0.1:$PROM/metrics" >"$OUT/$2.router-metrics.txt" 2>/dev/null || true ;;
     haproxy) ;;
-    wp-x2*)
+    wp-x2* | wp-auto-x2)
       curl -fsS "http://127.0.0.1:$ADMIN1/metrics" >"$OUT/$2.replica1-metrics.txt" 2>/dev/null || true
       curl -fsS "http://127.0.0.1:$ADMIN2/metrics" >"$OUT/$2.replica2-metrics.txt" 2>/dev/null || true
       ;;
@@ -304,6 +317,7 @@ one_run() { # TRACE TARGET LOAD ROUND
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "sglang-router $SGLANG_VERSION; $(haproxy -v 2>/dev/null | head -n1 || echo 'no haproxy')"
   echo "TRACES=$TRACES LOADS=$LOADS TARGETS=$TARGETS SIM_SCALE=$SIM_SCALE"
+  echo "PROFILE1=${PROFILE1:-h100-8b} PROFILE2=${PROFILE2:-h100-8b} LOAD_MODE=${LOAD_MODE:-ratio}"
   echo "MOONCAKE_WINDOW=$MOONCAKE_WINDOW RAGPULSE_WINDOW=$RAGPULSE_WINDOW HAPROXY_MAXCONN=$HAPROXY_MAXCONN"
   echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >>"$OUT/RUN-INFO.txt"

@@ -30,6 +30,12 @@ ROUNDS_85=${ROUNDS_85:-3}
 STATIC=${STATIC:-perf/matrix-static.txt}
 PARTS=${PARTS:-cells mixed replicas}
 [[ -f $STATIC ]] || { echo "no $STATIC: run perf/static_sweep.py" >&2; exit 1; }
+# One copy of the binary for the whole matrix, so that a rebuild meanwhile changes nothing.
+mkdir -p "$OUT"
+BIN=$(mktemp -d)/warmpath
+cp "${WARMPATH:-target/release/warmpath}" "$BIN"
+export WARMPATH=$BIN
+echo "matrix: commit $(git rev-parse --short HEAD), started $(date -u '+%Y-%m-%d %H:%M UTC')" >>"$OUT/MATRIX-INFO.txt"
 
 scale_of() {
   case $1 in h100-8b) echo 8 ;; h100x4-70b) echo 24 ;; l4-3b) echo 32 ;; *) echo 8 ;; esac

@@ -794,6 +794,7 @@ impl Scheduler {
             // the backend (policy.rs).
             let own = waiting.min(state.prefill_pending);
             state.waiting = Some(waiting - own);
+            // The budget held requests back since the last snapshot, and requests are queued.
             let held_back = std::mem::take(&mut state.budget_filled) && queued;
             let prefill = &mut self.learned.prefill[usize::from(backend)];
             prefill.engine_queue(now, own, state.prefill_pending, held_back);

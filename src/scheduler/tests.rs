@@ -406,6 +406,85 @@ fn prefill_backlog_gate_and_first_byte_reopening() {
     assert_eq!(h.s.backend_prefill_tokens(0), 1000, "non-streaming requests do not count");
 }
 
+/// The learned budget's value on backend 0.
+fn budget(h: &Harness) -> u64 {
+    h.s.backend_estimates(0).budget
+}
+
+#[test]
+fn a_learned_budget_opens_while_the_engine_runs_everything_it_is_sent_and_closes_when_it_queues() {
+    use super::estimate::{BUDGET_MIN, BUDGET_UNLEARNED};
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Auto;
+    let mut h = Harness::new(p);
+    // 4,000 estimated tokens each (16,000 bytes at the default rate): four fit the budget.
+    for id in 1..=8 {
+        h.arrive_with(id, None, 4000, true);
+    }
+    // Eligible while the backlog is under 16,384: five go, three wait.
+    assert_eq!(h.s.backend_prefill_tokens(0), 20_000, "the unlearned budget");
+    assert_eq!(h.s.queued(), 3);
+    // The engine runs all five (nothing of warmpath's waits in it): a quarter more room.
+    h.snapshot(0, true, Some(0));
+    assert_eq!(budget(&h), BUDGET_UNLEARNED + BUDGET_UNLEARNED / 4);
+    assert_eq!(h.s.queued(), 2, "the new room admitted one more");
+    // Three of warmpath's own wait in the engine: they do not gate it (they are its own), but
+    // the budget closes by an eighth.
+    let before = budget(&h);
+    h.at(1).snapshot(0, true, Some(3));
+    assert_eq!(budget(&h), before - before / 8);
+    assert_eq!(h.s.backend_waiting(0).0, Some(0), "none of the waiting is someone else's");
+    // Once nothing is held back the gauge teaches nothing: the budget stays.
+    for first in 1..=8 {
+        h.send(Input::FirstByte(RequestId(first)));
+    }
+    assert_eq!(h.s.queued(), 0);
+    let held = budget(&h);
+    h.at(2).snapshot(0, true, Some(0));
+    assert_eq!(budget(&h), held, "nothing queued: nothing learned");
+    // A slow engine, running one prefill at a time and queueing the rest of warmpath's
+    // requests, closes the budget until two are pending (one running, one waiting: the
+    // target); between snapshots it finishes its oldest, which lets the next one in.
+    let mut pending = std::collections::VecDeque::new();
+    for n in 0..60u64 {
+        pending.extend(admitted(&h.arrive_with(100 + n, None, 4000, true)));
+    }
+    for t in 4..60 {
+        let oldest = pending.pop_front().expect("something pending");
+        pending.extend(admitted(&h.send(Input::FirstByte(RequestId(oldest)))));
+        pending.extend(admitted(&h.complete(oldest)));
+        let waiting = (pending.len() as u32).saturating_sub(1);
+        pending.extend(admitted(&h.at(t).snapshot(0, true, Some(waiting))));
+    }
+    assert!(budget(&h) <= 8000 && budget(&h) > 4000, "two requests' worth: {}", budget(&h));
+    assert_eq!(pending.len(), 2);
+}
+
+#[test]
+fn under_a_learned_budget_only_someone_elses_waiting_requests_gate_a_backend() {
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Auto;
+    let mut h = Harness::new(p);
+    h.arrive_with(1, None, 100, true);
+    // Five waiting, one of them warmpath's: four are someone else's, and they close it.
+    h.snapshot(0, true, Some(5));
+    assert_eq!(h.s.backend_waiting(0).0, Some(4));
+    assert!(h.arrive_with(2, None, 100, true).is_empty(), "someone else's queue gates");
+    // The gauge goes: metrics that disappear leave the backend judged without them.
+    assert_eq!(admitted(&h.snapshot(0, true, None)), vec![2]);
+    assert_eq!(h.s.backend_waiting(0).0, None);
+    // With a fixed budget the whole gauge gates, warmpath's own requests included (S6.2).
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Tokens(1_000_000);
+    let mut h = Harness::new(p);
+    h.arrive_with(1, None, 100, true);
+    h.snapshot(0, true, Some(1));
+    assert!(h.arrive_with(2, None, 100, true).is_empty());
+}
+
 #[test]
 fn streak_bound_lets_the_oldest_normal_request_through() {
     let mut p = params();

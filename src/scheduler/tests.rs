@@ -413,7 +413,7 @@ fn budget(h: &Harness) -> u64 {
 
 #[test]
 fn a_learned_budget_opens_while_the_engine_runs_everything_it_is_sent_and_closes_when_it_queues() {
-    use super::estimate::{BUDGET_MIN, BUDGET_UNLEARNED};
+    use super::estimate::BUDGET_UNLEARNED;
     let mut p = params();
     p.inflight_per_backend = 64;
     p.prefill_tokens_per_backend = Budget::Auto;

@@ -19,6 +19,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod exposition;
 pub mod generation;
 pub mod metrics;
 pub mod reload;

@@ -1,0 +1,697 @@
+//! `GET /metrics`: the Prometheus text exposition (SPEC 6 and section 10). Every family is a row
+//! of [`FAMILIES`]: its name, type, help, and the [`Source`] of its series. [`render`] walks the
+//! table once; what a source means (which labels, summed over which shards) is written once per
+//! kind of source, not once per family.
+//!
+//! Shard counters are summed over shards at scrape time (SPEC 6: never a shared contended
+//! cache line); scheduler counters and gauges come from each scheduler's published
+//! [`Report`].
+
+use std::fmt::{Display, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::scheduler::estimate::BackendEstimates;
+use crate::scheduler::thread::{BackendReport, Report};
+use crate::scheduler::Lane;
+
+use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
+use super::{Generation, Shared};
+
+/// The scrape: every family of [`FAMILIES`], in order.
+pub fn render(shared: &Shared) -> String {
+    let generation = shared.generation();
+    let scrape = Scrape::new(shared, &generation);
+    let mut out = String::with_capacity(16 << 10);
+    for family in FAMILIES {
+        let (name, kind, help) = (family.name, family.kind, family.help);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        scrape.series(&mut out, name, &family.source);
+    }
+    out
+}
+
+/// One metric family.
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    /// The `# TYPE`: `counter`, `gauge` or `histogram`.
+    kind: &'static str,
+    help: &'static str,
+    source: Source,
+}
+
+type Labelled = fn(&Report) -> [(&'static str, u64); 3];
+
+/// Where a family's series come from, and so which labels they carry.
+#[derive(Debug)]
+enum Source {
+    /// `model`, `status`: responses counted by the shards (statuses never seen are left out).
+    Statuses,
+    /// `status`: the router's answers before a model was known.
+    RouterStatuses,
+    /// `model`: a histogram of the shards.
+    Histogram(fn(&ModelMetrics) -> &Histogram),
+    /// `model`, `lane`: a histogram of the shards per lane.
+    LaneHistogram(fn(&ModelMetrics, Lane) -> &Histogram),
+    /// `model`: a counter of the shards.
+    ModelCounter(fn(&ModelMetrics) -> &AtomicU64),
+    /// `model`, `lane`: from the scheduler's report.
+    Lane(fn(&Report, Lane) -> u64),
+    /// `model`: from the scheduler's report.
+    Model(fn(&Report) -> u64),
+    /// `model` and the given label: from the scheduler's report, one series per value.
+    ModelLabelled(&'static str, Labelled),
+    /// `model`: the share of a prompt's blocks matched at admission, in tenths (S16).
+    MatchRatio,
+    /// `model`: the learned tokens per byte of request body.
+    TokensPerByte,
+    /// `model`, `backend`: from the scheduler's report.
+    Backend(fn(&BackendReport) -> u64),
+    /// `model`, `backend`: a learned estimate (given ticks per second), left out while unknown.
+    Learned(fn(&BackendEstimates, f64) -> Option<f64>),
+    /// `model`, `backend`, `source`: the predicted and the engine-reported hit ratio.
+    HitRatio,
+    /// `model`, `backend`, `kind`: the shards' upstream failures.
+    UpstreamErrors,
+    /// No labels: summed over the shards.
+    Shards(fn(&ShardMetrics) -> &AtomicU64),
+    /// No labels: the router's own.
+    Router(fn(&Shared, &Generation) -> u64),
+}
+
+#[cfg(test)]
+impl Source {
+    /// The labels of the family's series, in order (docs/metrics.md lists them so).
+    fn labels(&self) -> Vec<&'static str> {
+        let labels: &[&str] = match *self {
+            Source::Statuses => &["model", "status"],
+            Source::RouterStatuses => &["status"],
+            Source::LaneHistogram(_) | Source::Lane(_) => &["model", "lane"],
+            Source::Histogram(_)
+            | Source::ModelCounter(_)
+            | Source::Model(_)
+            | Source::MatchRatio
+            | Source::TokensPerByte => &["model"],
+            Source::ModelLabelled(key, _) => return vec!["model", key],
+            Source::Backend(_) | Source::Learned(_) => &["model", "backend"],
+            Source::HitRatio => &["model", "backend", "source"],
+            Source::UpstreamErrors => &["model", "backend", "kind"],
+            Source::Shards(_) | Source::Router(_) => &[],
+        };
+        labels.to_vec()
+    }
+}
+
+/// Every family `/metrics` exposes, in the order it exposes them (docs/metrics.md).
+static FAMILIES: &[Family] = &[
+    Family {
+        name: "warmpath_requests_total",
+        kind: "counter",
+        help: "Responses by model and status.",
+        source: Source::Statuses,
+    },
+    Family {
+        name: "warmpath_router_responses_total",
+        kind: "counter",
+        help: "Router answers before a model was known, by status.",
+        source: Source::RouterStatuses,
+    },
+    Family {
+        name: "warmpath_request_duration_seconds",
+        kind: "histogram",
+        help: "Arrival to last byte.",
+        source: Source::Histogram(|m| &m.duration),
+    },
+    Family {
+        name: "warmpath_upstream_ttfb_seconds",
+        kind: "histogram",
+        help: "Forwarded to first response byte.",
+        source: Source::Histogram(|m| &m.ttfb),
+    },
+    Family {
+        name: "warmpath_queue_wait_seconds",
+        kind: "histogram",
+        help: "Arrival to admission, by lane.",
+        source: Source::LaneHistogram(|m, lane| &m.queue_wait[lane as usize]),
+    },
+    Family {
+        name: "warmpath_queue_depth",
+        kind: "gauge",
+        help: "Queued requests by lane.",
+        source: Source::Lane(|r, lane| u64::from(r.depth[lane as usize])),
+    },
+    Family {
+        name: "warmpath_admitted_total",
+        kind: "counter",
+        help: "Admissions by lane.",
+        source: Source::Lane(|r, lane| r.stats.admitted[lane as usize]),
+    },
+    Family {
+        name: "warmpath_forced_total",
+        kind: "counter",
+        help: "Boosted requests forced by bounded overtaking (S4).",
+        source: Source::Model(|r| r.stats.forced),
+    },
+    Family {
+        name: "warmpath_queue_timeouts_total",
+        kind: "counter",
+        help: "Requests that waited past queue.timeout.",
+        source: Source::Model(|r| r.stats.timeouts),
+    },
+    Family {
+        name: "warmpath_queue_cancelled_total",
+        kind: "counter",
+        help: "Requests whose client left while queued.",
+        source: Source::Model(|r| r.stats.cancelled),
+    },
+    Family {
+        name: "warmpath_grace_holds_total",
+        kind: "counter",
+        help: "Slots held for a session's follow-up (S8).",
+        source: Source::Model(|r| r.stats.grace_holds),
+    },
+    Family {
+        name: "warmpath_grace_hits_total",
+        kind: "counter",
+        help: "Follow-ups admitted into a held slot.",
+        source: Source::Model(|r| r.stats.grace_hits),
+    },
+    Family {
+        name: "warmpath_sessions_tracked",
+        kind: "gauge",
+        help: "Recently completed sessions remembered.",
+        source: Source::Model(|r| r.sessions_tracked as u64),
+    },
+    Family {
+        name: "warmpath_affinity_hits_total",
+        kind: "counter",
+        help: "Admissions to the session's last backend.",
+        source: Source::Model(|r| r.stats.affinity_hits),
+    },
+    Family {
+        name: "warmpath_retries_total",
+        kind: "counter",
+        help: "Requests sent back for another backend.",
+        source: Source::Model(|r| r.stats.retries),
+    },
+    Family {
+        name: "warmpath_boost_declined_total",
+        kind: "counter",
+        help: "Follow-ups not boosted: their prompt repeats less than half the previous \
+               turn's (S16).",
+        source: Source::Model(|r| r.stats.boost_declined),
+    },
+    Family {
+        name: "warmpath_placement_waits_total",
+        kind: "counter",
+        help: "Requests that waited for their cheapest backend (S16).",
+        source: Source::Model(|r| r.stats.placement_waits),
+    },
+    Family {
+        name: "warmpath_ejections_total",
+        kind: "counter",
+        help: "Backends passively ejected.",
+        source: Source::Model(|r| r.stats.ejections),
+    },
+    Family {
+        name: "warmpath_model_inflight",
+        kind: "gauge",
+        help: "Admitted requests not yet released.",
+        source: Source::Model(|r| u64::from(r.inflight)),
+    },
+    Family {
+        name: "warmpath_prefix_match_ratio",
+        kind: "histogram",
+        help: "Share of a prompt's blocks cached on the chosen backend at admission (S16).",
+        source: Source::MatchRatio,
+    },
+    Family {
+        name: "warmpath_queue_rejected_total",
+        kind: "counter",
+        help: "Requests refused by the queue, by reason.",
+        source: Source::ModelLabelled("reason", |r| {
+            [
+                ("queue_full", r.stats.rejected_full),
+                ("shutting_down", r.stats.rejected_shutdown),
+                ("retries_exhausted", r.stats.retries_exhausted),
+            ]
+        }),
+    },
+    Family {
+        name: "warmpath_inflight",
+        kind: "gauge",
+        help: "Admitted requests on the backend.",
+        source: Source::Backend(|b| u64::from(b.inflight)),
+    },
+    Family {
+        name: "warmpath_prefill_backlog_tokens",
+        kind: "gauge",
+        help: "Estimated prompt tokens awaiting a first byte (S6.3).",
+        source: Source::Backend(|b| b.prefill_tokens),
+    },
+    Family {
+        name: "warmpath_backend_up",
+        kind: "gauge",
+        help: "1 when configured, healthy and not ejected.",
+        source: Source::Backend(|b| u64::from(b.healthy && !b.ejected && !b.removed)),
+    },
+    Family {
+        name: "warmpath_backend_waiting",
+        kind: "gauge",
+        help: "The engine's last scraped waiting-queue gauge.",
+        source: Source::Backend(|b| u64::from(b.waiting.unwrap_or(0))),
+    },
+    Family {
+        name: "warmpath_prefix_index_blocks",
+        kind: "gauge",
+        help: "Prompt blocks in the backend's prefix index (S16; 0 for other routings).",
+        source: Source::Backend(|b| b.index_blocks),
+    },
+    Family {
+        name: "warmpath_backend_prefill_tokens_per_second",
+        kind: "gauge",
+        help: "Learned prefill rate: estimated prompt tokens the engine clears per second \
+               while it has the next request waiting.",
+        source: Source::Learned(|e, ticks_per_second| {
+            (e.rate.0 > 0).then(|| e.rate.0 as f64 / e.rate.1 as f64 * ticks_per_second)
+        }),
+    },
+    Family {
+        name: "warmpath_backend_admission_budget_tokens",
+        kind: "gauge",
+        help: "The prefill budget in force (S6.3; learned under auto): estimated uncached \
+               prompt tokens awaiting a first byte the backend may have; 0 = none.",
+        source: Source::Learned(|e, _| Some(e.budget as f64)),
+    },
+    Family {
+        name: "warmpath_backend_kv_capacity_tokens",
+        kind: "gauge",
+        help: "KV-cache capacity the engine exports, tokens.",
+        source: Source::Learned(|e, _| {
+            (e.kv_capacity_tokens > 0).then_some(e.kv_capacity_tokens as f64)
+        }),
+    },
+    Family {
+        name: "warmpath_backend_prefix_hit_ratio",
+        kind: "gauge",
+        help: "Share of prompt tokens found cached: predicted by the prefix index, and \
+               reported by the engine, over the last calibration period (engine: else over the \
+               last scrape interval, from its counters).",
+        source: Source::HitRatio,
+    },
+    Family {
+        name: "warmpath_tokens_per_byte",
+        kind: "gauge",
+        help: "Learned prompt tokens per byte of request body (from responses' \
+               usage.prompt_tokens).",
+        source: Source::TokensPerByte,
+    },
+    Family {
+        name: "warmpath_upstream_errors_total",
+        kind: "counter",
+        help: "Upstream failures by kind.",
+        source: Source::UpstreamErrors,
+    },
+    Family {
+        name: "warmpath_pool_reconnects_total",
+        kind: "counter",
+        help: "Dead pooled connections replaced by a fresh one.",
+        source: Source::ModelCounter(|m| &m.pool_reconnects),
+    },
+    Family {
+        name: "warmpath_connections_accepted_total",
+        kind: "counter",
+        help: "Client connections accepted.",
+        source: Source::Shards(|s| &s.accepted),
+    },
+    Family {
+        name: "warmpath_connections_refused_total",
+        kind: "counter",
+        help: "Client connections refused at max_connections.",
+        source: Source::Shards(|s| &s.refused),
+    },
+    Family {
+        name: "warmpath_connections_open",
+        kind: "gauge",
+        help: "Open client connections.",
+        source: Source::Shards(|s| &s.open),
+    },
+    Family {
+        name: "warmpath_buffered_bytes",
+        kind: "gauge",
+        help: "Request bytes held while queued.",
+        source: Source::Shards(|s| &s.buffered),
+    },
+    Family {
+        name: "warmpath_clients_gone_total",
+        kind: "counter",
+        help: "Requests whose client left before the response ended.",
+        source: Source::Shards(|s| &s.clients_gone),
+    },
+    Family {
+        name: "warmpath_access_log_dropped_total",
+        kind: "counter",
+        help: "Access-log lines dropped because a shard's buffer was full or the sink failed.",
+        source: Source::Router(|shared, _| shared.access_logs.iter().map(|l| l.dropped()).sum()),
+    },
+    Family {
+        name: "warmpath_config_generation",
+        kind: "gauge",
+        help: "The active configuration generation.",
+        source: Source::Router(|_, gen| gen.number),
+    },
+    Family {
+        name: "warmpath_config_reloads_refused_total",
+        kind: "counter",
+        help: "Reloads refused (the file did not load or validate); the active generation \
+               stayed.",
+        source: Source::Router(|shared, _| shared.reloads_refused.load(Ordering::Relaxed)),
+    },
+];
+
+/// What one scrape reads, taken once: the generation, the shards' counters, the schedulers'
+/// reports, and the label values (escaped).
+struct Scrape<'a> {
+    shared: &'a Shared,
+    gen: &'a Generation,
+    shards: Vec<Arc<ShardMetrics>>,
+    /// One per model of `gen`, in order.
+    reports: Vec<Report>,
+    /// `model` label values, by model index.
+    models: Vec<String>,
+    /// `backend` label values, by model and backend index.
+    backends: Vec<Vec<String>>,
+    ticks_per_second: f64,
+}
+
+impl<'a> Scrape<'a> {
+    fn new(shared: &'a Shared, gen: &'a Generation) -> Scrape<'a> {
+        Scrape {
+            shared,
+            gen,
+            shards: shared.shard_metrics(),
+            reports: reports(gen),
+            models: gen.models.iter().map(|m| label(&m.name)).collect(),
+            backends: gen
+                .models
+                .iter()
+                .map(|m| m.backends.iter().map(|b| label(&b.authority)).collect())
+                .collect(),
+            ticks_per_second: shared.clock.rate().ticks_per_ns() * 1e9,
+        }
+    }
+
+    /// Writes the series of family `name` from `source`.
+    fn series(&self, out: &mut String, name: &str, source: &Source) {
+        match *source {
+            Source::Statuses => self.statuses(out, name),
+            Source::RouterStatuses => {
+                for status in 100..STATUS_SLOTS {
+                    let n = self.sum_shards(|s| &s.other_status[status]);
+                    if n > 0 {
+                        put(out, name, &[("status", &status.to_string())], n);
+                    }
+                }
+            }
+            Source::Histogram(pick) => {
+                for (model, m) in self.models.iter().enumerate() {
+                    shard_histogram(out, name, &[("model", m)], self.of_model(model).map(pick));
+                }
+            }
+            Source::LaneHistogram(pick) => self.lane_histograms(out, name, pick),
+            Source::ModelCounter(pick) => {
+                for (model, m) in self.models.iter().enumerate() {
+                    put(out, name, &[("model", m)], self.sum_model(model, pick));
+                }
+            }
+            Source::Lane(pick) => self.per_lane(out, name, pick),
+            Source::Model(pick) => {
+                for (m, report) in self.models.iter().zip(&self.reports) {
+                    put(out, name, &[("model", m)], pick(report));
+                }
+            }
+            Source::ModelLabelled(key, pick) => {
+                for (m, report) in self.models.iter().zip(&self.reports) {
+                    for (value, n) in pick(report) {
+                        put(out, name, &[("model", m), (key, value)], n);
+                    }
+                }
+            }
+            Source::MatchRatio => self.match_ratio(out, name),
+            Source::TokensPerByte => {
+                for (m, report) in self.models.iter().zip(&self.reports) {
+                    let per_byte = report.token_rate.per_byte_micro() as f64 / 1e6;
+                    put(out, name, &[("model", m)], per_byte);
+                }
+            }
+            Source::Backend(pick) => self.per_backend(out, name, |b| Some(pick(b))),
+            Source::Learned(pick) => {
+                self.per_backend(out, name, |b| pick(&b.estimates, self.ticks_per_second));
+            }
+            Source::HitRatio => self.hit_ratios(out, name),
+            Source::UpstreamErrors => self.upstream_errors(out, name),
+            Source::Shards(pick) => put(out, name, &[], self.sum_shards(pick)),
+            Source::Router(pick) => put(out, name, &[], pick(self.shared, self.gen)),
+        }
+    }
+
+    fn statuses(&self, out: &mut String, name: &str) {
+        for (model, m) in self.models.iter().enumerate() {
+            for status in 100..STATUS_SLOTS {
+                let n = self.sum_model(model, |counters| &counters.status[status]);
+                if n > 0 {
+                    put(out, name, &[("model", m), ("status", &status.to_string())], n);
+                }
+            }
+        }
+    }
+
+    fn lane_histograms(
+        &self,
+        out: &mut String,
+        name: &str,
+        pick: fn(&ModelMetrics, Lane) -> &Histogram,
+    ) {
+        for (model, m) in self.models.iter().enumerate() {
+            for lane in Lane::ALL {
+                let parts = self.of_model(model).map(|counters| pick(counters, lane));
+                shard_histogram(out, name, &[("model", m), ("lane", lane.name())], parts);
+            }
+        }
+    }
+
+    fn per_lane(&self, out: &mut String, name: &str, pick: fn(&Report, Lane) -> u64) {
+        for (m, report) in self.models.iter().zip(&self.reports) {
+            for lane in Lane::ALL {
+                put(out, name, &[("model", m), ("lane", lane.name())], pick(report, lane));
+            }
+        }
+    }
+
+    fn match_ratio(&self, out: &mut String, name: &str) {
+        for (m, report) in self.models.iter().zip(&self.reports) {
+            let buckets = report.stats.match_ratio.iter().enumerate();
+            let buckets = buckets.map(|(tenth, &n)| (tenth as f64 / 10.0, n));
+            let sum = report.stats.match_ratio_sum_milli as f64 / 1000.0;
+            histogram(out, name, &[("model", m)], buckets, 0, sum);
+        }
+    }
+
+    /// One series per backend of every model, when `value` has one.
+    fn per_backend<V: Display>(
+        &self,
+        out: &mut String,
+        name: &str,
+        value: impl Fn(&BackendReport) -> Option<V>,
+    ) {
+        for (model, m) in self.models.iter().enumerate() {
+            for (a, b) in self.backends[model].iter().zip(&self.reports[model].backends) {
+                if let Some(v) = value(b) {
+                    put(out, name, &[("model", m), ("backend", a)], v);
+                }
+            }
+        }
+    }
+
+    fn hit_ratios(&self, out: &mut String, name: &str) {
+        for (model, m) in self.models.iter().enumerate() {
+            for (a, b) in self.backends[model].iter().zip(&self.reports[model].backends) {
+                for (source, ratio) in hit_ratios(&b.estimates) {
+                    if let Some(ratio) = ratio {
+                        put(out, name, &[("model", m), ("backend", a), ("source", source)], ratio);
+                    }
+                }
+            }
+        }
+    }
+
+    fn upstream_errors(&self, out: &mut String, name: &str) {
+        for (model, m) in self.models.iter().enumerate() {
+            for (backend, a) in self.backends[model].iter().enumerate() {
+                for kind in UpstreamError::ALL {
+                    let n = self.sum_model(model, |counters| {
+                        counters.upstream_errors.get(backend).map_or(&ZERO, |k| &k[kind as usize])
+                    });
+                    put(out, name, &[("model", m), ("backend", a), ("kind", kind.name())], n);
+                }
+            }
+        }
+    }
+
+    fn sum_shards(&self, pick: impl Fn(&ShardMetrics) -> &AtomicU64) -> u64 {
+        self.shards.iter().map(|s| pick(s).load(Ordering::Relaxed)).sum()
+    }
+
+    /// The counters of model `index` in the shards that know the model.
+    fn of_model(&self, index: usize) -> impl Iterator<Item = &ModelMetrics> {
+        self.shards.iter().filter_map(move |s| s.models.get(index))
+    }
+
+    /// A counter of model `index` summed over the shards that know the model.
+    fn sum_model(&self, index: usize, pick: impl Fn(&ModelMetrics) -> &AtomicU64) -> u64 {
+        self.of_model(index).map(|m| pick(m).load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// Every model's scheduler report as last published, by model index.
+pub(super) fn reports(generation: &Generation) -> Vec<Report> {
+    let models = generation.models.iter();
+    models.map(|m| m.report.lock().unwrap_or_else(|e| e.into_inner()).clone()).collect()
+}
+
+/// The predicted and the engine-reported hit ratio of a backend, when known: the last closed
+/// calibration period's; for the engine, before any period closed, its counters' last interval.
+pub(super) fn hit_ratios(e: &BackendEstimates) -> [(&'static str, Option<f64>); 2] {
+    let closed = e.hit_ratio_at > 0;
+    let engine = if closed { Some(e.engine_hit_micro) } else { e.counter_hit_micro };
+    [
+        ("predicted", closed.then(|| e.predicted_hit_micro as f64 / 1e6)),
+        ("engine", engine.map(|micro| micro as f64 / 1e6)),
+    ]
+}
+
+/// A zero for counters a shard does not have yet (it has not adopted the newest generation).
+static ZERO: AtomicU64 = AtomicU64::new(0);
+
+/// A Prometheus label value, escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// One series: `name{k="v",...} value` (label values already escaped).
+fn put(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl Display) {
+    out.push_str(name);
+    for (i, (key, value)) in labels.iter().enumerate() {
+        out.push(if i == 0 { '{' } else { ',' });
+        let _ = write!(out, "{key}=\"{value}\"");
+    }
+    if !labels.is_empty() {
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+/// One histogram's series from the shards' histograms of the same buckets (non-cumulative
+/// in microseconds in, cumulative in seconds out); none when no shard has one.
+fn shard_histogram<'h>(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, &str)],
+    parts: impl Iterator<Item = &'h Histogram>,
+) {
+    let mut bounds: &[u64] = &[];
+    let mut sums = Vec::new();
+    for part in parts {
+        if sums.is_empty() {
+            bounds = part.bounds();
+            sums = vec![0; bounds.len() + 2];
+        }
+        part.sum_into(&mut sums);
+    }
+    if sums.is_empty() {
+        return;
+    }
+    let buckets = bounds.iter().zip(&sums).map(|(&bound, &n)| (bound as f64 / 1e6, n));
+    let sum = sums[bounds.len() + 1] as f64 / 1e6;
+    histogram(out, name, labels, buckets, sums[bounds.len()], sum);
+}
+
+/// A histogram's `_bucket`, `_sum` and `_count` series from its buckets (upper bound, count
+/// in it), the count above the last bound, and the sum of observations.
+fn histogram(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, &str)],
+    buckets: impl Iterator<Item = (f64, u64)>,
+    above: u64,
+    sum: f64,
+) {
+    let (bucket, sum_name, count_name) =
+        (format!("{name}_bucket"), format!("{name}_sum"), format!("{name}_count"));
+    let mut cumulative = 0;
+    for (bound, n) in buckets {
+        cumulative += n;
+        let le = bound.to_string();
+        put(out, &bucket, &[labels, &[("le", le.as_str())]].concat(), cumulative);
+    }
+    cumulative += above;
+    put(out, &bucket, &[labels, &[("le", "+Inf")]].concat(), cumulative);
+    put(out, &sum_name, labels, sum);
+    put(out, &count_name, labels, cumulative);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_unique_well_named_and_documented() {
+        let docs = include_str!("../../docs/metrics.md");
+        let mut seen = std::collections::HashSet::new();
+        for family in FAMILIES {
+            let name = family.name;
+            assert!(seen.insert(name), "{name} is in the table twice");
+            assert!(
+                name.starts_with("warmpath_")
+                    && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{name}: not a warmpath_ snake_case name"
+            );
+            assert!(["counter", "gauge", "histogram"].contains(&family.kind), "{name}");
+            assert_eq!(
+                name.ends_with("_total"),
+                family.kind == "counter",
+                "{name}: `_total` iff a counter"
+            );
+            let labels = family.source.labels().join(",");
+            let row = match labels.is_empty() {
+                true => format!("| `{name}` | {} |", family.kind),
+                false => format!("| `{name}{{{labels}}}` | {} |", family.kind),
+            };
+            assert!(docs.contains(&row), "docs/metrics.md has no row starting {row:?}");
+        }
+    }
+
+    #[test]
+    fn every_documented_family_is_exposed() {
+        let docs = include_str!("../../docs/metrics.md");
+        let rows = docs.lines().filter(|l| l.starts_with("| `warmpath_")).count();
+        assert_eq!(rows, FAMILIES.len(), "docs/metrics.md documents families /metrics lacks");
+    }
+
+    #[test]
+    fn series_escape_label_values_and_histograms_accumulate() {
+        let mut out = String::new();
+        put(&mut out, "x", &[], 3);
+        put(&mut out, "y", &[("model", &label("a\"b\\c\nd")), ("lane", "normal")], 1.5);
+        histogram(&mut out, "h", &[("model", "m")], [(0.5, 2), (1.0, 3)].into_iter(), 1, 4.25);
+        let expected = "x 3\n\
+                        y{model=\"a\\\"b\\\\c\\nd\",lane=\"normal\"} 1.5\n\
+                        h_bucket{model=\"m\",le=\"0.5\"} 2\n\
+                        h_bucket{model=\"m\",le=\"1\"} 5\n\
+                        h_bucket{model=\"m\",le=\"+Inf\"} 6\n\
+                        h_sum{model=\"m\"} 4.25\n\
+                        h_count{model=\"m\"} 6\n";
+        assert_eq!(out, expected);
+    }
+}

@@ -302,18 +302,7 @@ impl<'a> Fleet<'a> {
             self.now = at;
             match event {
                 Event::Due(r) => {
-                    let (s, t) = (self.reqs[r as usize].session, self.reqs[r as usize].turn);
-                    let turn = &self.workload.sessions[s as usize].turns[t as usize];
-                    match turn.after {
-                        Some(p) => match self.finished[s as usize][p as usize] {
-                            Some(done) => {
-                                let at = (done + turn.think.as_nanos() as u64).max(self.now);
-                                self.send_at(r, at);
-                            }
-                            None => self.waiting_on.entry((s, p)).or_default().push(t),
-                        },
-                        None => self.send_at(r, self.now),
-                    }
+                    self.due(r);
                     first_send.get_or_insert(self.now);
                 }
                 Event::Arrive(r) => self.arrive(r),
@@ -339,7 +328,28 @@ impl<'a> Fleet<'a> {
                 break;
             }
         }
-        let start = first_send.unwrap_or(0);
+        self.report(first_send.unwrap_or(0))
+    }
+
+    /// Request `r`'s trace time has come: it is sent now, or after its predecessor's end and
+    /// think time.
+    fn due(&mut self, r: u32) {
+        let (s, t) = (self.reqs[r as usize].session, self.reqs[r as usize].turn);
+        let turn = &self.workload.sessions[s as usize].turns[t as usize];
+        match turn.after {
+            Some(p) => match self.finished[s as usize][p as usize] {
+                Some(done) => {
+                    let at = (done + turn.think.as_nanos() as u64).max(self.now);
+                    self.send_at(r, at);
+                }
+                None => self.waiting_on.entry((s, p)).or_default().push(t),
+            },
+            None => self.send_at(r, self.now),
+        }
+    }
+
+    /// What the run did, from the first send (`start`) to now.
+    fn report(&self, start: u64) -> FleetReport {
         let outcomes = self
             .reqs
             .iter()

@@ -82,33 +82,69 @@ fn scalar(out: &mut String, kind: &str, name: &str, labels: &str, help: &str, va
         writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value:?}");
 }
 
+type Value = fn(&Engine, u64) -> f64;
+
+/// The engine's counters and gauges: type, name, help, value (given the simulated time).
+const SCALARS: &[(&str, &str, &str, Value)] = &[
+    ("gauge", "vllm:num_requests_running", "Requests in the running batch.", |e, _| {
+        e.running() as f64
+    }),
+    ("gauge", "vllm:num_requests_waiting", "Requests waiting to be scheduled.", |e, _| {
+        e.waiting() as f64
+    }),
+    ("gauge", "vllm:kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", |e, _| {
+        e.kv_usage()
+    }),
+    ("counter", "vllm:prefix_cache_queries_total", "Prefix cache queries, in tokens.", |e, _| {
+        e.stats().prefix_queries as f64
+    }),
+    ("counter", "vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.", |e, _| {
+        e.stats().prefix_hits as f64
+    }),
+    (
+        "counter",
+        "vllm:prompt_tokens_total",
+        "Prompt tokens of requests that finished prefill.",
+        |e, _| e.stats().prompt_tokens as f64,
+    ),
+    ("counter", "vllm:generation_tokens_total", "Generation tokens processed.", |e, _| {
+        e.stats().generation_tokens as f64
+    }),
+    ("counter", "vllm:num_preemptions_total", "Cumulative number of preemptions.", |e, _| {
+        e.stats().preemptions as f64
+    }),
+    ("counter", "vllm:request_success_total", "Requests finished.", |e, _| {
+        e.stats().finished as f64
+    }),
+    // Not vLLM's: what a load test needs to state the engine's utilisation.
+    (
+        "counter",
+        "warmpath_sim_busy_seconds_total",
+        "Simulated seconds spent running steps.",
+        |e, _| e.stats().busy_ns as f64 / 1e9,
+    ),
+    (
+        "counter",
+        "warmpath_sim_time_seconds_total",
+        "Simulated seconds since the engine started.",
+        |_, now_ns| now_ns as f64 / 1e9,
+    ),
+    (
+        "counter",
+        "warmpath_sim_prefill_tokens_total",
+        "Prompt tokens computed by prefill (cache hits excluded).",
+        |e, _| e.stats().prefill_tokens as f64,
+    ),
+];
+
 /// Appends the engine's metrics for `model` to `out`; `now_ns` is the simulated time since the
 /// engine started.
 pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
     let labels = format!("model_name=\"{}\"", model.replace('\\', "\\\\").replace('"', "\\\""));
     let l = labels.as_str();
-    let s = engine.stats();
-    let gauge = |out: &mut String, name, help, v: f64| scalar(out, "gauge", name, l, help, v);
-    let counter =
-        |out: &mut String, name, help, v: u64| scalar(out, "counter", name, l, help, v as f64);
-    gauge(
-        out,
-        "vllm:num_requests_running",
-        "Requests in the running batch.",
-        engine.running() as f64,
-    );
-    gauge(
-        out,
-        "vllm:num_requests_waiting",
-        "Requests waiting to be scheduled.",
-        engine.waiting() as f64,
-    );
-    gauge(
-        out,
-        "vllm:kv_cache_usage_perc",
-        "KV cache usage; 1 means 100 percent.",
-        engine.kv_usage(),
-    );
+    for &(kind, name, help, value) in SCALARS {
+        scalar(out, kind, name, l, help, value(engine, now_ns));
+    }
     let p = engine.params();
     let _ = writeln!(
         out,
@@ -118,58 +154,10 @@ pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
          num_gpu_blocks=\"{}\"}} 1.0",
         p.block_size, p.kv_blocks
     );
-    counter(
-        out,
-        "vllm:prefix_cache_queries_total",
-        "Prefix cache queries, in tokens.",
-        s.prefix_queries,
-    );
-    counter(out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.", s.prefix_hits);
-    counter(
-        out,
-        "vllm:prompt_tokens_total",
-        "Prompt tokens of requests that finished prefill.",
-        s.prompt_tokens,
-    );
-    counter(
-        out,
-        "vllm:generation_tokens_total",
-        "Generation tokens processed.",
-        s.generation_tokens,
-    );
-    counter(out, "vllm:num_preemptions_total", "Cumulative number of preemptions.", s.preemptions);
-    counter(out, "vllm:request_success_total", "Requests finished.", s.finished);
-    // Not vLLM's: what a load test needs to state the engine's utilisation.
-    let seconds = |ns: u64| ns as f64 / 1e9;
-    scalar(
-        out,
-        "counter",
-        "warmpath_sim_busy_seconds_total",
-        l,
-        "Simulated seconds spent running steps.",
-        seconds(s.busy_ns),
-    );
-    scalar(
-        out,
-        "counter",
-        "warmpath_sim_time_seconds_total",
-        l,
-        "Simulated seconds since the engine started.",
-        seconds(now_ns),
-    );
-    counter(
-        out,
-        "warmpath_sim_prefill_tokens_total",
-        "Prompt tokens computed by prefill (cache hits excluded).",
-        s.prefill_tokens,
-    );
+    let s = engine.stats();
     s.ttft.render(out, "vllm:time_to_first_token_seconds", l, "Time to first token in seconds.");
-    s.e2e.render(
-        out,
-        "vllm:e2e_request_latency_seconds",
-        l,
-        "End to end request latency in seconds.",
-    );
+    let e2e_help = "End to end request latency in seconds.";
+    s.e2e.render(out, "vllm:e2e_request_latency_seconds", l, e2e_help);
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@
 //! - [`sim`]: `warmpath sim`, a simulated vLLM engine (SPEC section 7).
 //! - [`splitmix`]: SplitMix64, the seeded sequence and 64-bit mix behind the sim's hashes and
 //!   the synthetic workloads.
+//! - [`wheel`]: the hierarchical timer wheel, sans-IO: the schedulers' grace windows, stale
+//!   gauges and placement waits, and the shards' connection timers.
 //!
 //! Layers point one way (ARCHITECTURE.md, "Layers"): [`cli`] on top; the tools ([`demo`] over
 //! [`bench`](mod@bench) and [`sim`]) below it; the dataplane ([`server`] over [`control`]); the
@@ -37,3 +39,4 @@ pub mod server;
 pub mod signals;
 pub mod sim;
 pub mod splitmix;
+pub mod wheel;

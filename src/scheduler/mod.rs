@@ -13,7 +13,8 @@
 //! - `queue`: the request arena, the id index, the lanes (retry, forced, boosted, normal), with
 //!   the boosted lane an intrusive indexed [`heap`], and the deadline list;
 //! - [`tracker`]: the CLOCK session tracker of S1/S2;
-//! - [`wheel`]: the hierarchical timer wheel (grace windows, stale gauges);
+//! - [`wheel`](crate::wheel): the hierarchical timer wheel (grace windows, stale gauges, the
+//!   placement wait), a module of its own because the shards use it too;
 //! - [`policy`]: per-backend state, gates and backend choice.
 //!
 //! Decisions where SPEC is silent (also in ARCHITECTURE.md):
@@ -43,7 +44,6 @@ pub mod policy;
 pub mod prefix;
 mod queue;
 pub mod tracker;
-pub mod wheel;
 
 #[cfg(any(test, fuzzing))]
 pub mod harness;
@@ -56,12 +56,12 @@ pub mod thread;
 use hashbrown::HashMap;
 
 use crate::clock::Tick;
+use crate::wheel::{TimerKey, TimerWheel};
 use estimate::Learned;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
 use tracker::SessionTracker;
-use wheel::{TimerKey, TimerWheel};
 
 /// A request's id, unique among the requests a scheduler knows (the shards make them unique).
 ///

@@ -93,7 +93,7 @@ impl Steady {
             session,
             prompt_bytes: 2000,
             streaming: true,
-            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+            prompt: warmpath::ring::prompt_pool::NO_PROMPT,
         };
         self.out.clear();
         self.s.handle(self.now, Input::Arrive(arrival), &mut self.out);

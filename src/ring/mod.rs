@@ -13,6 +13,11 @@
 //! algorithm), so at least one of them sees the other: either the consumer finds the message,
 //! or the producer finds the flag and wakes it. A wake that arrives before the consumer blocks
 //! is not lost either: thread park tokens and mio's `Waker` both stay set until consumed.
+//!
+//! Beside the rings, [`prompt_pool`]: the other hand-off between the shards and a model's
+//! scheduler, for a prompt's block hashes, which are too long for a ring's fixed-size message.
+
+pub mod prompt_pool;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 

@@ -56,6 +56,7 @@ pub mod thread;
 use hashbrown::HashMap;
 
 use crate::clock::Tick;
+use crate::ring::prompt_pool::NO_PROMPT;
 use crate::wheel::{TimerKey, TimerWheel};
 use estimate::Learned;
 use policy::{Backend, Gates};
@@ -134,8 +135,8 @@ pub struct Arrival {
     pub prompt_bytes: u32,
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
-    /// S16: the [`prefix::PromptPool`] slot holding the prompt's block hashes, or
-    /// [`prefix::NO_PROMPT`]. The scheduler gives the slot back when the request ends.
+    /// S16: the [`PromptPool`](crate::ring::prompt_pool::PromptPool) slot holding the prompt's
+    /// block hashes, or [`NO_PROMPT`](crate::ring::prompt_pool::NO_PROMPT). The scheduler gives the slot back when the request ends.
     pub prompt: u32,
 }
 
@@ -591,7 +592,7 @@ impl Scheduler {
         let index = self.queue.alloc(entry);
         match &mut self.prefix {
             Some(prefix) => prefix.prompt_of[index as usize] = arrival.prompt,
-            None => debug_assert_eq!(arrival.prompt, prefix::NO_PROMPT, "a prompt without S16"),
+            None => debug_assert_eq!(arrival.prompt, NO_PROMPT, "a prompt without S16"),
         }
         if let Some(completion) = completion {
             if self.grace_hit(now, index, out) {

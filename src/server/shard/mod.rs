@@ -43,7 +43,7 @@ use crate::protocol::{
     ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
     ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
-use crate::scheduler::prefix::{PromptPool, NO_PROMPT};
+use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId, Usage};
 use crate::wheel::{TimerKey, TimerWheel};
 

@@ -459,7 +459,8 @@ impl<T: Copy + Ord> TimerWheel<T> {
 
 /// A naive restatement of the wheel's semantics: a `Vec` of every timer ever inserted, scanned
 /// on each poll. The property tests compare the real wheel against it (the scheduler's
-/// reference model restates the firing rule on its own deadlines instead). Its keys are its own (indices never reused, generation 0).
+/// reference model restates the firing rule on its own deadlines instead). Its keys are its
+/// own (indices never reused, generation 0).
 #[cfg(any(test, fuzzing))]
 pub mod reference {
     use super::TimerKey;

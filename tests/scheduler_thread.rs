@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warmpath::clock::Clock;
-use warmpath::ring::Ring;
-use warmpath::scheduler::thread::{SchedulerThread, ThreadWaker};
+use warmpath::ring::{Ring, ThreadWaker};
 use warmpath::scheduler::{
     Arrival, Budget, Input, Output, Params, RejectReason, RequestId, Routing, Scheduler, Usage,
 };
+use warmpath::server::scheduler_thread::SchedulerThread;
 
 type ShardRing = Ring<Output, ThreadWaker>;
 

@@ -51,7 +51,6 @@ pub mod harness;
 pub mod reference;
 #[cfg(test)]
 mod tests;
-pub mod thread;
 
 use hashbrown::HashMap;
 
@@ -136,7 +135,7 @@ pub struct Arrival {
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
     /// S16: the [`PromptPool`](crate::ring::prompt_pool::PromptPool) slot holding the prompt's
-    /// block hashes, or [`NO_PROMPT`](crate::ring::prompt_pool::NO_PROMPT). The scheduler gives the slot back when the request ends.
+    /// block hashes, or [`NO_PROMPT`]. The scheduler gives the slot back when the request ends.
     pub prompt: u32,
 }
 

@@ -14,10 +14,10 @@ use std::time::Duration;
 use crate::clock::{Tick, TickRate};
 use crate::config::Setting;
 use crate::scheduler::estimate::{BackendEstimates, TokenRate};
-use crate::scheduler::thread::Report;
 use crate::scheduler::Lane;
 
 use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
+use super::report::{BackendReport, Report};
 use super::{Generation, Shared};
 
 /// Longest admin request head read.
@@ -344,7 +344,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         }
     }
 
-    type PickBackend = fn(&crate::scheduler::thread::BackendReport) -> u64;
+    type PickBackend = fn(&BackendReport) -> u64;
     let per_backend: [(&str, &str, PickBackend); 5] = [
         ("warmpath_inflight", "Admitted requests on the backend.", |b| u64::from(b.inflight)),
         (

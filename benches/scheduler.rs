@@ -4,8 +4,8 @@
 //! - `cycle/warmpath/{0,1000,10000,100000}`: one arrive + admit + complete cycle through
 //!   [`Scheduler::handle`] with the queue held at that depth (every slot busy, so each completion
 //!   admits exactly one queued request). Half the arrivals are follow-ups of tracked sessions
-//!   (boosted), half have no session; every request carries a 30 s queue deadline in the wheel.
-//!   4 backends, 64 slots each, session-affinity routing, 4,096 tracked sessions.
+//!   (boosted), half have no session; every request carries a 30 s queue deadline (in the
+//!   deadline list). 4 backends, 64 slots each, session-affinity routing, 4,096 tracked sessions.
 //! - `cycle/binaryheap/…`: the same cycle through a baseline queue built on
 //!   `std::collections::BinaryHeap` (boosted lane) and a `VecDeque` (normal lane), with lazy
 //!   deletion (cancelled ids in a set, skipped when popped) and the same session tracker.
@@ -93,7 +93,7 @@ impl Steady {
             session,
             prompt_bytes: 2000,
             streaming: true,
-            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+            prompt: warmpath::ring::prompt_pool::NO_PROMPT,
         };
         self.out.clear();
         self.s.handle(self.now, Input::Arrive(arrival), &mut self.out);

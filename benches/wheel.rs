@@ -1,11 +1,11 @@
-//! Benchmarks of the hierarchical timer wheel (`warmpath::scheduler::wheel`).
+//! Benchmarks of the hierarchical timer wheel (`warmpath::wheel`).
 //!
 //! Dimensions: ticks are nanoseconds, resolution 2^20 ns (about 1 ms), about 10,000 live timers
-//! with deadlines spread uniformly over 0–30 s ahead (a model's queue deadlines and grace
-//! windows), `T = u64`. Deadlines come from 64 Ki pregenerated splitmix64 draws.
+//! with deadlines spread uniformly over 0–30 s ahead (a shard's connection timeouts, a
+//! model's grace windows), `T = u64`. Deadlines come from 64 Ki pregenerated splitmix64 draws.
 //! - `insert_cancel/same`: insert a timer and cancel it at once (the entry stays hot);
 //! - `insert_cancel/oldest`: insert a timer and cancel the one inserted 10,000 earlier (cold
-//!   entries, like a request admitted after waiting in the queue);
+//!   entries, like a timeout cancelled long after it was armed);
 //! - `insert_expire`: steady state: insert one timer, advance `now` by 1.5 ms (so that as many
 //!   expire as arrive: 10,000 live timers over a mean life of 15 s) and poll;
 //! - `poll_idle`: poll at an unchanged `now` with nothing due;
@@ -20,8 +20,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use warmpath::scheduler::wheel::{TimerKey, TimerWheel};
 use warmpath::splitmix::SplitMix64;
+use warmpath::wheel::{TimerKey, TimerWheel};
 
 const RESOLUTION: u64 = 1 << 20;
 const LIVE: usize = 10_000;

@@ -71,7 +71,7 @@ impl Driver {
                 session,
                 prompt_bytes: 1200,
                 streaming: k % 3 != 0,
-                prompt: warmpath::scheduler::prefix::NO_PROMPT,
+                prompt: warmpath::ring::prompt_pool::NO_PROMPT,
             };
             self.send(Input::Arrive(arrival));
         }

@@ -15,9 +15,9 @@ use warmpath::clock::Clock;
 use warmpath::control::probe::{self, ProbeError, ProbeLimits};
 use warmpath::control::scrape::{EngineKind, ScrapeLimits};
 use warmpath::control::thread::{check, ControlSettings, ControlThread, Plan, SharedPlan, Target};
-use warmpath::ring::Ring;
-use warmpath::scheduler::thread::{Inbox, InboxWaker};
+use warmpath::ring::{InboxWaker, Ring};
 use warmpath::scheduler::{EngineCache, Input};
+use warmpath::server::host::Inbox;
 use warmpath::sim::SimOptions;
 
 const METRICS: &str = "# HELP vllm:num_requests_waiting Requests waiting.\n\

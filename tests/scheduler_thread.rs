@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warmpath::clock::Clock;
-use warmpath::ring::Ring;
-use warmpath::scheduler::thread::{SchedulerThread, ThreadWaker};
+use warmpath::ring::{Ring, ThreadWaker};
 use warmpath::scheduler::{
     Arrival, Budget, Input, Output, Params, RejectReason, RequestId, Routing, Scheduler, Usage,
 };
+use warmpath::server::scheduler_thread::SchedulerThread;
 
 type ShardRing = Ring<Output, ThreadWaker>;
 
@@ -90,7 +90,7 @@ fn shard(index: u16, count: u64, thread: Arc<SchedulerThread>, ring: Arc<ShardRi
                 session,
                 prompt_bytes: 40,
                 streaming: false,
-                prompt: warmpath::scheduler::prefix::NO_PROMPT,
+                prompt: warmpath::ring::prompt_pool::NO_PROMPT,
             };
             send(&thread, Input::Arrive(arrival));
             sent += 1;
@@ -149,7 +149,7 @@ fn a_queue_deadline_fires_without_traffic() {
             session: None,
             prompt_bytes: 0,
             streaming: false,
-            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+            prompt: warmpath::ring::prompt_pool::NO_PROMPT,
         })
     };
     for serial in 0..9 {

@@ -220,7 +220,7 @@ impl Sim {
             session,
             prompt_bytes: tokens * 4,
             streaming,
-            prompt: warmpath::scheduler::prefix::NO_PROMPT,
+            prompt: warmpath::ring::prompt_pool::NO_PROMPT,
         };
         self.input(Input::Arrive(arrival));
     }

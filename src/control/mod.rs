@@ -9,8 +9,8 @@
 //! may take queued requests. A waiting gauge older than `upstream.metrics_stale_after` no
 //! longer holds requests back (the scheduler arms that timer from the snapshot's tick), and a
 //! failed scrape sends `waiting: None` and an unknown cache, so the scheduler judges the backend
-//! on its inflight count alone. The scraped gauges are to feed `GET /debug/backends` and
-//! `warmpath_backend_waiting` too (SPEC section 6, issue [4/6]).
+//! on its inflight count alone. The scraped gauges also reach `GET /debug/backends` and
+//! `warmpath_backend_waiting` (SPEC section 6), through each scheduler's report.
 //!
 //! - [`scrape`]: the Prometheus text exposition format 0.0.4 parser that extracts each engine's
 //!   waiting, running and cache-usage gauges, its KV capacity and its prefix-cache counters

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::UpstreamConfig;
-use crate::scheduler::thread::Inbox;
+use crate::ring::{InboxWaker, Ring};
 use crate::scheduler::{Input, Snapshot};
 
 use super::probe::ProbeLimits;
@@ -30,8 +30,8 @@ use super::scrape::{EngineKind, ScrapeLimits};
 /// One backend to watch.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// The inbox of the backend's model.
-    pub inbox: Arc<Inbox>,
+    /// The inbox of the backend's model (what the dataplane calls `server::host::Inbox`).
+    pub inbox: Arc<Ring<Input, InboxWaker>>,
     /// The backend's index in its model.
     pub backend: u16,
     /// `host:port`.

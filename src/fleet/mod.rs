@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use crate::bench::{Message, Workload};
 use crate::protocol::prompt::PromptHasher;
+use crate::ring::prompt_pool::NO_PROMPT;
 use crate::scheduler::estimate::BackendEstimates;
-use crate::scheduler::prefix::NO_PROMPT;
 use crate::scheduler::{
     Arrival, EngineCache, Input, Output, Params, RequestId, Scheduler, Snapshot, Stats, Usage,
 };

@@ -13,8 +13,17 @@
 //! algorithm), so at least one of them sees the other: either the consumer finds the message,
 //! or the producer finds the flag and wakes it. A wake that arrives before the consumer blocks
 //! is not lost either: thread park tokens and mio's `Waker` both stay set until consumed.
+//! [`ThreadWaker`] wakes a consumer thread that registered itself; [`InboxWaker`] wakes the
+//! consumer of a model's inbox, whichever of the two kinds it is.
+//!
+//! Beside the rings, [`prompt_pool`]: the other hand-off between the shards and a model's
+//! scheduler, for a prompt's block hashes, which are too long for a ring's fixed-size message.
+
+pub mod prompt_pool;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
 
 use crossbeam_queue::ArrayQueue;
 
@@ -31,7 +40,7 @@ impl Wake for std::thread::Thread {
     }
 }
 
-impl<W: Wake + ?Sized> Wake for std::sync::Arc<W> {
+impl<W: Wake + ?Sized> Wake for Arc<W> {
     fn wake(&self) {
         (**self).wake();
     }
@@ -42,6 +51,51 @@ impl Wake for mio::Waker {
     /// means the loop has wakes pending already, so the error is nothing to act on.
     fn wake(&self) {
         let _ = mio::Waker::wake(self);
+    }
+}
+
+/// Wakes the thread that registered as a ring's consumer (before it registers, it has not slept
+/// yet, so there is nothing to wake).
+#[derive(Debug, Default)]
+pub struct ThreadWaker(OnceLock<Thread>);
+
+impl ThreadWaker {
+    /// Makes the calling thread the one to wake; the first registration stays.
+    pub fn register(&self) {
+        self.0.get_or_init(std::thread::current);
+    }
+}
+
+impl Wake for ThreadWaker {
+    fn wake(&self) {
+        if let Some(thread) = self.0.get() {
+            thread.unpark();
+        }
+    }
+}
+
+/// Wakes whatever drives a model's scheduler, the consumer of its inbox (the dataplane's
+/// `server::host::Inbox`): a dedicated thread, or a shard's event loop.
+#[derive(Debug)]
+pub enum InboxWaker {
+    /// A dedicated scheduler thread (`server::scheduler_thread`), once it registered.
+    Thread(ThreadWaker),
+    /// A shard's mio `Poll` (one `Waker` per `Poll`, shared with the shard's own ring).
+    Loop(Arc<mio::Waker>),
+}
+
+impl Default for InboxWaker {
+    fn default() -> Self {
+        InboxWaker::Thread(ThreadWaker::default())
+    }
+}
+
+impl Wake for InboxWaker {
+    fn wake(&self) {
+        match self {
+            InboxWaker::Thread(thread) => thread.wake(),
+            InboxWaker::Loop(waker) => waker.wake(),
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::clock::Tick;
+use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 
 use super::reference::Reference;
 use super::{
@@ -149,7 +150,7 @@ fn decode_input(
     live: &mut Live,
     backends: u16,
     now: Tick,
-    prompt: Option<(&super::prefix::PromptPool, &mut Vec<u64>)>,
+    prompt: Option<(&PromptPool, &mut Vec<u64>)>,
 ) -> Input {
     match bytes.below(16) {
         0..=4 => {
@@ -167,11 +168,11 @@ fn decode_input(
                         }
                         None => {
                             blocks.clear();
-                            super::prefix::NO_PROMPT
+                            NO_PROMPT
                         }
                     }
                 }
-                None => super::prefix::NO_PROMPT,
+                None => NO_PROMPT,
             };
             Input::Arrive(Arrival {
                 id: RequestId(live.next_id),

@@ -3,10 +3,11 @@
 //! of S14's accounting that tests and the fuzzer call after each step.
 
 use crate::clock::Tick;
+use crate::ring::prompt_pool::NO_PROMPT;
 
 use super::estimate::{BackendEstimates, TokenRate};
 use super::policy::Backend;
-use super::{placement, prefix, Lane, Params, Scheduler, Stats, Timer};
+use super::{placement, Lane, Params, Scheduler, Stats, Timer};
 
 impl Scheduler {
     /// Whether `backend` was removed by a reconfiguration.
@@ -179,7 +180,7 @@ impl Scheduler {
             for index in &prefix.indexes {
                 index.check_invariants();
             }
-            let slots = prefix.prompt_of.iter().filter(|&&p| p != prefix::NO_PROMPT).count();
+            let slots = prefix.prompt_of.iter().filter(|&&p| p != NO_PROMPT).count();
             assert_eq!(slots + prefix.pool.available(), prefix.pool.capacity(), "prompt slots");
         }
         assert!(self.queue.queued() + self.inflight <= self.queue.capacity());

@@ -6,15 +6,24 @@
 //! tests, the fuzzer and the deterministic simulation drive it on a simulated clock.
 //!
 //! Each call runs three phases: (1) fire what is due at `now` (queue deadlines S9 from the
-//! deadline list, grace windows S8 and stale waiting gauges S6 from the wheel); (2) apply the input; (3) admit as many queued requests
-//! as the gates allow (S6), in the order of S3-S5, each bound to a backend by S7.
+//! deadline list; grace windows S8, stale waiting gauges S6 and the end of S16's placement
+//! wait from the wheel); (2) apply the input; (3) admit as many queued requests as the gates
+//! allow (S6), in the order of S3-S5, each bound to a backend by S7 (or S16's placement).
 //!
 //! Structures, all preallocated from [`Params`] at construction (nothing allocates per request):
 //! - `queue`: the request arena, the id index, the lanes (retry, forced, boosted, normal), with
 //!   the boosted lane an intrusive indexed [`heap`], and the deadline list;
 //! - [`tracker`]: the CLOCK session tracker of S1/S2;
-//! - [`wheel`]: the hierarchical timer wheel (grace windows, stale gauges);
-//! - [`policy`]: per-backend state, gates and backend choice.
+//! - [`wheel`](crate::wheel): the hierarchical timer wheel (grace windows, stale gauges, the
+//!   placement wait), a module of its own because the shards use it too;
+//! - [`policy`]: per-backend state, gates and backend choice;
+//! - [`estimate`]: what it learns of its model and each backend (issue \[8\]);
+//! - [`prefix`] and `placement`: S16's per-backend prefix indexes and placement scan.
+//!
+//! All of it belongs to whoever owns the `Scheduler` (a driver, which calls [`Scheduler::handle`]
+//! from one thread); nothing in it is shared or atomic but the `Arc` of its model's
+//! [`PromptPool`](crate::ring::prompt_pool::PromptPool), whose slots the shards fill with
+//! prompts' block hashes (S16).
 //!
 //! Decisions where SPEC is silent (also in ARCHITECTURE.md):
 //! - A retried request (SPEC 2.8) waits in a `retry` lane served before every other lane, keeps
@@ -43,7 +52,6 @@ pub mod policy;
 pub mod prefix;
 mod queue;
 pub mod tracker;
-pub mod wheel;
 
 #[cfg(any(test, fuzzing))]
 pub mod harness;
@@ -51,17 +59,17 @@ pub mod harness;
 pub mod reference;
 #[cfg(test)]
 mod tests;
-pub mod thread;
 
 use hashbrown::HashMap;
 
 use crate::clock::Tick;
+use crate::ring::prompt_pool::NO_PROMPT;
+use crate::wheel::{TimerKey, TimerWheel};
 use estimate::Learned;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
 use tracker::SessionTracker;
-use wheel::{TimerKey, TimerWheel};
 
 /// A request's id, unique among the requests a scheduler knows (the shards make them unique).
 ///
@@ -134,8 +142,8 @@ pub struct Arrival {
     pub prompt_bytes: u32,
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
-    /// S16: the [`prefix::PromptPool`] slot holding the prompt's block hashes, or
-    /// [`prefix::NO_PROMPT`]. The scheduler gives the slot back when the request ends.
+    /// S16: the [`PromptPool`](crate::ring::prompt_pool::PromptPool) slot holding the prompt's
+    /// block hashes, or [`NO_PROMPT`]. The scheduler gives the slot back when the request ends.
     pub prompt: u32,
 }
 
@@ -282,7 +290,7 @@ impl PrefixParams {
     };
 }
 
-/// Counters, written only by the scheduler thread.
+/// Counters, written only by the thread that owns the scheduler.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Admissions per lane, indexed by `Lane as usize`.
@@ -299,8 +307,8 @@ pub struct Stats {
     pub affinity_hits: u64,
     pub ejections: u64,
     pub stale_events: u64,
-    /// S16: follow-ups of tracked sessions not boosted because their prompt does not start
-    /// with their previous turn's prompt.
+    /// S16: follow-ups of tracked sessions not boosted because they are cold: no backend's
+    /// prefix index holds at least half of their prompt's blocks.
     pub boost_declined: u64,
     /// S16: requests a placement scan passed over to wait for their cheapest backend.
     pub placement_waits: u64,
@@ -591,7 +599,7 @@ impl Scheduler {
         let index = self.queue.alloc(entry);
         match &mut self.prefix {
             Some(prefix) => prefix.prompt_of[index as usize] = arrival.prompt,
-            None => debug_assert_eq!(arrival.prompt, prefix::NO_PROMPT, "a prompt without S16"),
+            None => debug_assert_eq!(arrival.prompt, NO_PROMPT, "a prompt without S16"),
         }
         if let Some(completion) = completion {
             if self.grace_hit(now, index, out) {

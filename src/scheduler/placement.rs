@@ -41,10 +41,11 @@
 use std::sync::Arc;
 
 use crate::clock::Tick;
+use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
+use crate::wheel::TimerKey;
 
-use super::prefix::{PrefixIndex, PromptPool, NO_PROMPT};
+use super::prefix::PrefixIndex;
 use super::queue::NO_BACKEND;
-use super::wheel::TimerKey;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
 
 /// The S16 state of a model whose routing is `prefix-cost`.

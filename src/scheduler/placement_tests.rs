@@ -1,8 +1,8 @@
 //! S16 rule by rule: placement by cost, waiting for the cheapest backend, the slack, the wait
 //! bound, forced requests, and sharing across sessions.
 
-use super::super::prefix::NO_PROMPT;
 use super::super::*;
+use crate::ring::prompt_pool::NO_PROMPT;
 
 /// Tokens per block: `PrefixParams::DEFAULT.block_bytes` / 4.
 const BLOCK_TOKENS: u32 = 64;

@@ -16,8 +16,7 @@
 //! no first-byte signal). With a fixed budget S6.2 applies as SPEC states it.
 
 use crate::clock::Tick;
-
-use super::wheel::TimerKey;
+use crate::wheel::TimerKey;
 
 /// How a model picks the backend of an admitted request (SPEC S7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,80 +1,22 @@
 //! Prefix-cost placement (SPEC S16): what the scheduler knows of the prompt prefixes it sent to
-//! each backend, and what a request would cost there.
+//! each backend.
 //!
-//! - [`PromptPool`]: how a request's block hashes reach the scheduler. The shard that parsed
-//!   the body takes a slot (a lock-free free list of slot numbers, crossbeam's `ArrayQueue`),
-//!   hashes the prompt into that slot's vector ([`crate::protocol::prompt`]) and sends the slot
-//!   number in its `Arrival`; the scheduler reads the hashes when it places the request and
-//!   gives the slot back when the request ends. A slot's vector keeps its capacity, so after
-//!   warm-up nothing allocates. Each slot has its own mutex; it is never contended (one owner at
-//!   a time, handed over through the rings), so a lock is one uncontended atomic exchange. A
-//!   full pool is not an error: the request goes without hashes, as if nothing of it were cached.
-//! - [`PrefixIndex`]: per backend, the block hashes sent there, at most `prefix_index_blocks`,
-//!   evicted by the same CLOCK policy as the session tracker (it is a [`SessionTracker`] keyed
-//!   by block hash). An admission touches every block of its prompt, first to last, so a
-//!   block is always at least as recent as the blocks after it and the cached part of a prompt
-//!   is a prefix (up to CLOCK's approximation of LRU). [`PrefixIndex::matched`] therefore finds
-//!   the longest indexed prefix by binary search: O(log n) lookups, not n.
+//! A [`PrefixIndex`] holds, per backend, the block hashes sent there, at most
+//! `prefix_index_blocks`, evicted by the same CLOCK policy as the session tracker (it is a
+//! [`SessionTracker`] keyed by block hash). An admission touches every block of its prompt,
+//! first to last, so a block is always at least as recent as the blocks after it and the cached
+//! part of a prompt is a prefix (up to CLOCK's approximation of LRU). [`PrefixIndex::matched`]
+//! therefore finds the longest indexed prefix by binary search: O(log n) lookups, not n.
+//!
+//! A request's block hashes reach the scheduler through its model's
+//! [`PromptPool`](crate::ring::prompt_pool::PromptPool), shared with the shards; what a request
+//! would cost on each backend is `placement.rs`.
 //!
 //! The index is approximate by design: it records what warmpath sent, not what the engine kept.
 //! Size it to the engine's KV capacity (`docs/configuration.md`): an index much larger than the
 //! engine's cache claims hits the engine has already evicted.
 
-use std::sync::{Arc, Mutex};
-
-use crossbeam_queue::ArrayQueue;
-
 use super::tracker::SessionTracker;
-
-/// No prompt slot: the request carries no block hashes.
-pub const NO_PROMPT: u32 = u32::MAX;
-
-/// Block-hash buffers handed from shards to a model's scheduler.
-#[derive(Debug)]
-pub struct PromptPool {
-    slots: Box<[Mutex<Vec<u64>>]>,
-    free: ArrayQueue<u32>,
-}
-
-impl PromptPool {
-    /// A pool of `capacity` slots (at least 1), all free, their vectors empty.
-    pub fn new(capacity: u32) -> Arc<PromptPool> {
-        let capacity = capacity.max(1);
-        let free = ArrayQueue::new(capacity as usize);
-        for slot in 0..capacity {
-            free.push(slot).expect("sized for every slot");
-        }
-        let slots = (0..capacity).map(|_| Mutex::new(Vec::new())).collect();
-        Arc::new(PromptPool { slots, free })
-    }
-
-    /// Takes a free slot, or `None` when every slot is in use.
-    pub fn acquire(&self) -> Option<u32> {
-        self.free.pop()
-    }
-
-    /// Runs `f` on slot `slot`'s vector (the caller owns the slot).
-    pub fn with<R>(&self, slot: u32, f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
-        let mut hashes = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut hashes)
-    }
-
-    /// Gives slot `slot` back; its vector is cleared, its capacity kept.
-    pub fn release(&self, slot: u32) {
-        self.with(slot, Vec::clear);
-        self.free.push(slot).expect("a slot is released once");
-    }
-
-    /// Slots not in use.
-    pub fn available(&self) -> usize {
-        self.free.len()
-    }
-
-    /// Slots in all.
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-}
 
 /// The block hashes warmpath sent to one backend, CLOCK-evicted.
 #[derive(Debug)]
@@ -176,21 +118,5 @@ mod tests {
         assert_eq!(index.len(), 4);
         assert_eq!(index.matched(&[1, 2]), 0);
         assert_eq!(index.matched(&[5, 6]), 2);
-    }
-
-    #[test]
-    fn the_pool_hands_out_each_slot_once_and_keeps_capacity() {
-        let pool = PromptPool::new(2);
-        let a = pool.acquire().expect("free");
-        let b = pool.acquire().expect("free");
-        assert_ne!(a, b);
-        assert_eq!(pool.acquire(), None);
-        pool.with(a, |v| v.extend_from_slice(&[1, 2, 3]));
-        assert_eq!(pool.with(a, |v| v.clone()), vec![1, 2, 3]);
-        pool.release(a);
-        let again = pool.acquire().expect("released");
-        assert_eq!(again, a);
-        pool.with(again, |v| assert!(v.is_empty() && v.capacity() >= 3));
-        assert_eq!(pool.available(), 0);
     }
 }

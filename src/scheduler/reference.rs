@@ -24,12 +24,12 @@ use crate::clock::Tick;
 
 use super::estimate::{self, rate_order};
 use super::placement::{CACHE_WEIGHT, INDEX_BLOCKS_MAX};
-use super::prefix::NO_PROMPT;
 use super::tracker::reference::SessionTracker;
 use super::{
     Arrival, Budget, EngineCache, IndexSize, Input, Lane, Output, Params, RejectReason, RequestId,
     Routing, Snapshot, Stats, Usage,
 };
+use crate::ring::prompt_pool::NO_PROMPT;
 
 const NONE: u16 = u16::MAX;
 

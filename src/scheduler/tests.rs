@@ -71,7 +71,7 @@ impl Harness {
             session,
             prompt_bytes: tokens * 4,
             streaming,
-            prompt: super::prefix::NO_PROMPT,
+            prompt: crate::ring::prompt_pool::NO_PROMPT,
         };
         self.send(Input::Arrive(arrival))
     }

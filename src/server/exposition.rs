@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::scheduler::estimate::BackendEstimates;
-use crate::scheduler::thread::{BackendReport, Report};
 use crate::scheduler::Lane;
 
 use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
+use super::report::{BackendReport, Report};
 use super::{Generation, Shared};
 
 /// The scrape: every family of [`FAMILIES`], in order.

@@ -22,12 +22,13 @@ use crate::config::{self, Config, ModelConfig, Setting, Strategy, UpstreamConfig
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::protocol::Limits;
-use crate::ring::Ring;
+use crate::ring::prompt_pool::PromptPool;
+use crate::ring::{InboxWaker, Ring};
 use crate::scheduler::estimate::INDEX_DEFAULT_BLOCKS;
-use crate::scheduler::prefix::PromptPool;
-use crate::scheduler::thread::{Host, Inbox, InboxWaker, Report};
 use crate::scheduler::{Budget, IndexSize, Params, PrefixParams, Routing, Scheduler};
 
+use super::host::{Host, Inbox};
+use super::report::Report;
 use super::{ShardHost, ShardRing, RING_CAPACITY};
 
 /// Backends a model's table may hold, removed ones included.

@@ -1,7 +1,7 @@
 //! The dataplane's counters: one [`ShardMetrics`] per shard, written only by its shard (a load
 //! and a store, no locked instruction), summed over shards when `/metrics` is scraped (SPEC 6:
 //! never a shared contended cache line). Scheduler-side counters and gauges come from each
-//! scheduler's [`Report`](crate::scheduler::thread::Report), published by its host.
+//! scheduler's [`Report`](super::report::Report), published by its host.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

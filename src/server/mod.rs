@@ -21,8 +21,11 @@ pub mod access_log;
 pub mod admin;
 pub mod exposition;
 pub mod generation;
+pub mod host;
 pub mod metrics;
 pub mod reload;
+pub mod report;
+pub mod scheduler_thread;
 pub mod shard;
 
 #[cfg(any(test, fuzzing))]
@@ -41,10 +44,10 @@ use crate::clock::Clock;
 use crate::config::{Config, Overrides};
 use crate::control::thread::{ControlSettings, ControlThread, Plan, SharedPlan};
 use crate::ring::Ring;
-use crate::scheduler::thread::Host;
 use crate::scheduler::{Input, Output};
 
 pub use generation::{BackendAddr, Generation, Model};
+use host::Host;
 use metrics::ShardMetrics;
 
 /// A shard's inbound ring: admissions and rejections from the schedulers.

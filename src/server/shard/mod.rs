@@ -43,9 +43,9 @@ use crate::protocol::{
     ErrorKind as ProtoKind, ForwardInfo, Framing, ProtocolError, RelayPlan, RequestHead,
     ResponseFraming, Side, Version, SESSION_ID_BYTES_MAX,
 };
-use crate::scheduler::prefix::{PromptPool, NO_PROMPT};
-use crate::scheduler::wheel::{TimerKey, TimerWheel};
+use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::{Arrival, Input, Lane, Output, RejectReason, RequestId, Usage};
+use crate::wheel::{TimerKey, TimerWheel};
 
 use super::access_log::{self, Outcome, ShardLog};
 use super::metrics::{ShardMetrics, UpstreamError};

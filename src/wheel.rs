@@ -1,4 +1,11 @@
-//! The timer wheel: queue-wait deadlines (SPEC S9) and grace windows (S8) of one model.
+//! The timer wheel: the timers that do not fall due in the order they are armed.
+//!
+//! Two kinds of owner, each with its own wheel: a model's scheduler (grace windows of SPEC
+//! S8, stale waiting gauges of S6, the end of S16's wait for a cheapest backend), and each
+//! shard of the dataplane (its connections' timers: header, body and idle timeouts for
+//! clients, connect and response-head timeouts and pool idleness for upstreams). Queue
+//! deadlines (S9) are not here: they fall due in enqueue order, so the scheduler keeps them in
+//! a list (`scheduler::queue`).
 //!
 //! A hierarchical timing wheel (G. Varghese and T. Lauck, "Hashed and Hierarchical Timing
 //! Wheels", SOSP 1987), laid out as in the Linux kernel's timer wheel and tokio's timer driver.
@@ -22,13 +29,14 @@
 //! Timers live in an arena allocated by [`TimerWheel::new`]: entries linked by `u32` indices
 //! into one doubly linked list per slot, a free list, and a generation per entry that makes a
 //! stale [`TimerKey`] harmless; cancel is O(1). Nothing allocates after `new` except the
-//! caller's output `Vec` of [`TimerWheel::poll`].
+//! caller's output `Vec` of [`TimerWheel::poll`] and an explicit [`TimerWheel::reserve`].
 //!
 //! [`TimerWheel::next_fire`] is exact. For a slot of level 0 all timers share one unit. For a
 //! higher slot the list is kept sorted by deadline unit while timers arrive in order (appended
-//! at the tail, or prepended at the head), which is the scheduler's case: a queue deadline is
-//! the arrival time plus a constant. Then the earliest timer is the head; a list that received
-//! a timer out of order is marked unsorted and scanned instead, until it empties.
+//! at the tail, or prepended at the head), the common case when a kind of timer is armed a
+//! constant after an event (a grace window after a completion, a stale gauge after a scrape).
+//! Then the earliest timer is the head; a list that received a timer out of order is marked
+//! unsorted and scanned instead, until it empties.
 //!
 //! An entry takes 32 bytes for an 8-byte `T` (see the test `memory_per_timer`).
 
@@ -450,8 +458,9 @@ impl<T: Copy + Ord> TimerWheel<T> {
 }
 
 /// A naive restatement of the wheel's semantics: a `Vec` of every timer ever inserted, scanned
-/// on each poll. The scheduler's reference model and the property tests compare the real wheel
-/// against it. Its keys are its own (indices never reused, generation 0).
+/// on each poll. The property tests compare the real wheel against it (the scheduler's
+/// reference model restates the firing rule on its own deadlines instead). Its keys are its
+/// own (indices never reused, generation 0).
 #[cfg(any(test, fuzzing))]
 pub mod reference {
     use super::TimerKey;

@@ -1,0 +1,93 @@
+//! The prompt pool: how a request's S16 block hashes reach its model's scheduler, a
+//! cross-thread hand-off beside the rings.
+//!
+//! A prompt's chain of block hashes is variable length (a 512 KiB prompt is 2,048 hashes), and
+//! the rings carry fixed-size `Copy` messages, so the chain travels through a pool of
+//! preallocated vectors instead. The shard that parsed the body takes a slot (a lock-free free
+//! list of slot numbers, crossbeam's `ArrayQueue`, the same bounded queue after Vyukov as the
+//! rings), hashes the prompt into that slot's vector (`protocol::PromptHasher`) and sends the
+//! slot number in its `Arrival`; the scheduler reads the hashes when it places the request and
+//! gives the slot back when the request ends. Ownership of a slot moves with the message that
+//! names it, so at any moment one thread owns it.
+//!
+//! Shared state: one pool per model (built with its scheduler, an `Arc` held by the scheduler
+//! and by every shard's view of the model), a `Mutex<Vec<u64>>` per slot. A slot's mutex is
+//! never contended (one owner at a time, handed over through the rings), so a lock is one
+//! uncontended atomic exchange; it is there so that the hand-off needs no `unsafe`. A slot's
+//! vector keeps its capacity, so after warm-up nothing allocates. A full pool is not an error:
+//! the request goes without hashes, as if nothing of it were cached.
+
+use std::sync::{Arc, Mutex};
+
+use crossbeam_queue::ArrayQueue;
+
+/// No prompt slot: the request carries no block hashes.
+pub const NO_PROMPT: u32 = u32::MAX;
+
+/// Block-hash buffers handed from shards to a model's scheduler.
+#[derive(Debug)]
+pub struct PromptPool {
+    slots: Box<[Mutex<Vec<u64>>]>,
+    free: ArrayQueue<u32>,
+}
+
+impl PromptPool {
+    /// A pool of `capacity` slots (at least 1), all free, their vectors empty.
+    pub fn new(capacity: u32) -> Arc<PromptPool> {
+        let capacity = capacity.max(1);
+        let free = ArrayQueue::new(capacity as usize);
+        for slot in 0..capacity {
+            free.push(slot).expect("sized for every slot");
+        }
+        let slots = (0..capacity).map(|_| Mutex::new(Vec::new())).collect();
+        Arc::new(PromptPool { slots, free })
+    }
+
+    /// Takes a free slot, or `None` when every slot is in use.
+    pub fn acquire(&self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Runs `f` on slot `slot`'s vector (the caller owns the slot).
+    pub fn with<R>(&self, slot: u32, f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
+        let mut hashes = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut hashes)
+    }
+
+    /// Gives slot `slot` back; its vector is cleared, its capacity kept.
+    pub fn release(&self, slot: u32) {
+        self.with(slot, Vec::clear);
+        self.free.push(slot).expect("a slot is released once");
+    }
+
+    /// Slots not in use.
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Slots in all.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_hands_out_each_slot_once_and_keeps_capacity() {
+        let pool = PromptPool::new(2);
+        let a = pool.acquire().expect("free");
+        let b = pool.acquire().expect("free");
+        assert_ne!(a, b);
+        assert_eq!(pool.acquire(), None);
+        pool.with(a, |v| v.extend_from_slice(&[1, 2, 3]));
+        assert_eq!(pool.with(a, |v| v.clone()), vec![1, 2, 3]);
+        pool.release(a);
+        let again = pool.acquire().expect("released");
+        assert_eq!(again, a);
+        pool.with(again, |v| assert!(v.is_empty() && v.capacity() >= 3));
+        assert_eq!(pool.available(), 0);
+    }
+}

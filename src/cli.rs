@@ -22,6 +22,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
+use crate::clock::Clock;
 use crate::config::{process_env, Config, Overrides};
 
 /// warmpath: a session-aware router for LLM inference fleets.
@@ -132,7 +133,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
         overrides: overrides.clone(),
         env: process_env,
     });
-    let running = match crate::server::start_with_source(config, source) {
+    let running = match crate::server::start_with_source(config, source, Clock::real()) {
         Ok(running) => running,
         Err(error) => {
             eprintln!("error: starting the router: {error}");

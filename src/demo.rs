@@ -126,7 +126,7 @@ fn run_strategy(
     let engines = start_engines(args)?;
     let addrs: Vec<String> = engines.iter().map(|e| e.addr().to_string()).collect();
     let config = router_config(strategy, routing, &addrs)?;
-    let router = crate::server::start(config)?;
+    let router = crate::server::start(config, crate::clock::Clock::real())?;
     let options = RunOptions {
         model: MODEL.into(),
         label: format!("{strategy}/{routing}"),

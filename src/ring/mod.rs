@@ -18,14 +18,20 @@
 //!
 //! Beside the rings, [`prompt_pool`]: the other hand-off between the shards and a model's
 //! scheduler, for a prompt's block hashes, which are too long for a ring's fixed-size message.
+//!
+//! Model check: the ring's atomics, its fences and its queue come from `sync`, which swaps
+//! them for loom's under `cfg(loom)`; `tests/loom_ring.rs` explores every interleaving of one
+//! or two producers (`push`, or `push_quiet` then `wake_if_sleeping`) against a consumer that
+//! parks whenever [`Ring::prepare_sleep`] lets it, and fails if the consumer can park for good
+//! with a message in the ring. `sync`'s module doc says what the queue's stand-in models.
 
 pub mod prompt_pool;
+mod sync;
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 
-use crossbeam_queue::ArrayQueue;
+use sync::{fence, AtomicBool, Ordering, Queue};
 
 /// How a producer wakes a ring's consumer: `Thread::unpark` for a scheduler thread, a mio
 /// `Waker` for a shard's event loop.
@@ -102,7 +108,7 @@ impl Wake for InboxWaker {
 /// A bounded multi-producer, single-consumer ring with a sleeping consumer's wake-up.
 #[derive(Debug)]
 pub struct Ring<T, W> {
-    queue: ArrayQueue<T>,
+    queue: Queue<T>,
     /// Set by the consumer between [`Ring::prepare_sleep`] and [`Ring::woke`].
     sleeping: AtomicBool,
     waker: W,
@@ -111,7 +117,7 @@ pub struct Ring<T, W> {
 impl<T, W: Wake> Ring<T, W> {
     /// A ring of `capacity` messages whose consumer is woken through `waker`.
     pub fn new(capacity: usize, waker: W) -> Ring<T, W> {
-        Ring { queue: ArrayQueue::new(capacity), sleeping: AtomicBool::new(false), waker }
+        Ring { queue: Queue::new(capacity), sleeping: AtomicBool::new(false), waker }
     }
 
     /// Sends `message`; gives it back when the ring is full (the caller applies backpressure).
@@ -184,7 +190,9 @@ impl<T, W: Wake> Ring<T, W> {
     }
 }
 
-#[cfg(test)]
+// Under `cfg(loom)` the ring's atomics exist only inside `loom::model`: these tests run
+// without it (`tests/loom_ring.rs` is the loom run).
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;

@@ -61,7 +61,8 @@ fn rig() -> &'static Rig {
             session_header: config.queue.session_header.to_ascii_lowercase(),
             ..Limits::default()
         };
-        let running = super::start(config).expect("the harness router starts");
+        let running =
+            super::start(config, crate::clock::Clock::real()).expect("the harness router starts");
         Rig { addr: running.addr(), running, counted: Mutex::new(0), limits }
     })
 }

@@ -155,6 +155,17 @@ impl Running {
         reload::reload(&self.shared)
     }
 
+    /// Wakes every shard's event loop, which then runs its hosted schedulers and its timers at
+    /// the clock's current reading. Nothing needs this on the real clock; a test that moves a
+    /// simulated clock calls it after each move, as no thread watches that clock (a shard
+    /// blocked in `epoll_wait` would otherwise see the new time only at its next event or
+    /// poll timeout, which is real time).
+    pub fn wake(&self) {
+        for ring in &self.shared.rings {
+            ring.wake();
+        }
+    }
+
     /// The active generation's number.
     pub fn generation(&self) -> u64 {
         self.shared.generation_number.load(Ordering::Acquire)
@@ -195,16 +206,26 @@ impl Running {
     }
 }
 
-/// Binds the listeners and starts every thread; returns once the router accepts connections.
-/// Without a [`ConfigSource`] there is nothing to reload from.
-pub fn start(config: Config) -> io::Result<Running> {
-    start_with_source(config, None)
+/// Binds the listeners and starts every thread on `clock`; returns once the router accepts
+/// connections. Without a [`ConfigSource`] there is nothing to reload from.
+///
+/// `serve` passes [`Clock::real`]. Every thread reads time from `clock` only: the shards (and
+/// the schedulers they host), the control thread, the admin thread and the generations built
+/// by reloads. With [`Clock::simulated`] every deadline, timer and measured duration follows
+/// the simulated clock, but how long a thread blocks waiting for I/O is real time, so after
+/// moving the clock call [`Running::wake`] for the shards to look at it (ARCHITECTURE.md,
+/// "Time").
+pub fn start(config: Config, clock: Clock) -> io::Result<Running> {
+    start_with_source(config, None, clock)
 }
 
 /// [`start`], remembering where `config` came from so that it can be reloaded.
-pub fn start_with_source(config: Config, source: Option<ConfigSource>) -> io::Result<Running> {
+pub fn start_with_source(
+    config: Config,
+    source: Option<ConfigSource>,
+    clock: Clock,
+) -> io::Result<Running> {
     config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let clock = Clock::real();
     let shard_count = match config.server.shards {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n as usize,

@@ -9,7 +9,7 @@
 //!   empty, by the default one ([`Backend::set_default`], initially [`Reply::Complete`]).
 
 use std::collections::VecDeque;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -55,7 +55,8 @@ pub enum Reply {
     /// Write these bytes as they are (anything, malformed or not), then close the connection.
     Raw(Vec<u8>),
     /// 200 with a `Content-Length` body of this many bytes, written 64 KiB at a time as the
-    /// socket takes them; [`Backend::bytes_written`] counts what the socket took.
+    /// socket takes them; [`Backend::bytes_written`] counts what the socket took, and
+    /// [`Backend::bulk_blocked`] says whether the writer waits for room in a full socket.
     Bulk(usize),
     /// Close the connection without reading the request or answering: the unread bytes make
     /// the kernel answer with a reset (RST), before any response byte. Only decided for the
@@ -71,8 +72,9 @@ pub enum MetricsMode {
     Gauges,
     /// Close the connection without answering.
     Down,
-    /// The gauges, after this long.
-    Slow(Duration),
+    /// The gauges, once the router has given up on the scrape and closed the connection (or
+    /// after [`PATIENCE`]): later than any scrape deadline, however fast or slow the machine.
+    Slow,
     /// 200 with a body that is not Prometheus text.
     Garbage,
     /// 200 with a valid body of about this many bytes (comment lines, then the gauges).
@@ -202,6 +204,10 @@ struct Shared {
     stop: AtomicBool,
     /// Body bytes of [`Reply::Bulk`] answers the sockets took.
     bulk_written: AtomicU64,
+    /// Times a [`Reply::Bulk`] writer found its socket full.
+    bulk_stalls: AtomicU64,
+    /// A [`Reply::Bulk`] writer is waiting for room in its socket now.
+    bulk_blocked: AtomicBool,
 }
 
 impl Shared {
@@ -257,6 +263,8 @@ impl Backend {
             stop_accept: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             bulk_written: AtomicU64::new(0),
+            bulk_stalls: AtomicU64::new(0),
+            bulk_blocked: AtomicBool::new(false),
         });
         let accept_shared = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -357,6 +365,19 @@ impl Backend {
         self.shared.bulk_written.load(Ordering::Acquire)
     }
 
+    /// Whether a [`Reply::Bulk`] writer is blocked now: its socket's send buffer is full
+    /// because the peer's receive window is (the router does not read), and it waits for room.
+    pub fn bulk_blocked(&self) -> bool {
+        self.shared.bulk_blocked.load(Ordering::Acquire)
+    }
+
+    /// Times a [`Reply::Bulk`] writer has found its socket full so far (counted before
+    /// [`Backend::bulk_blocked`] turns true, so an unchanged count and a `true` mean one
+    /// uninterrupted stall).
+    pub fn bulk_stalls(&self) -> u64 {
+        self.shared.bulk_stalls.load(Ordering::Acquire)
+    }
+
     /// The `vllm:num_requests_waiting` gauge.
     pub fn set_waiting(&self, waiting: u64) {
         self.shared.lock().waiting = waiting;
@@ -448,7 +469,33 @@ pub struct Silent {
     addr: SocketAddr,
     /// Connections held unread (health checks excluded).
     held: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
+}
+
+/// Set once when a [`Silent`] backend is dropped; its connection threads wait on it.
+#[derive(Debug, Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Stop {
+    fn stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Blocks until [`Stop::stop`].
+    fn wait(&self) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        while !*stopped {
+            stopped = self.changed.wait(stopped).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 impl Silent {
@@ -457,12 +504,12 @@ impl Silent {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let held_count = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Stop::default());
         let (count, flag) = (Arc::clone(&held_count), Arc::clone(&stop));
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for stream in listener.incoming() {
-                if flag.load(Ordering::Acquire) {
+                if flag.stopped() {
                     return;
                 }
                 let Ok(stream) = stream else { continue };
@@ -486,13 +533,13 @@ impl Silent {
 
 impl Drop for Silent {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.stop();
         let _ = TcpStream::connect(self.addr);
     }
 }
 
 /// Answers a `GET` (a health check) with 200; holds anything else unread until `stop`.
-fn silent_connection(stream: TcpStream, stop: &AtomicBool, held: &AtomicU64) {
+fn silent_connection(stream: TcpStream, stop: &Stop, held: &AtomicU64) {
     let mut first = [0u8; 4];
     if stream.peek(&mut first).is_ok() && first.starts_with(b"GET ") {
         // Read the whole head first: closing on unread bytes would reset the connection.
@@ -506,9 +553,8 @@ fn silent_connection(stream: TcpStream, stop: &AtomicBool, held: &AtomicU64) {
         return;
     }
     held.fetch_add(1, Ordering::AcqRel);
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    stop.wait();
+    drop(stream);
 }
 
 /// A `127.0.0.1` port nothing listens on: connections to it are refused.
@@ -652,8 +698,8 @@ fn metrics(wire: &mut Wire, shared: &Shared) -> io::Result<()> {
             let _ = wire.stream.shutdown(Shutdown::Both);
             return Err(io::ErrorKind::ConnectionAborted.into());
         }
-        MetricsMode::Slow(delay) => {
-            std::thread::sleep(delay);
+        MetricsMode::Slow => {
+            wait_for_close(&wire.stream);
             gauges
         }
         MetricsMode::Garbage => "vllm:num_requests_waiting{ 12 ]]\n\u{0}\u{7f}{{{\n".to_owned(),
@@ -750,6 +796,12 @@ fn hold(stream: &TcpStream, shared: &Shared) -> bool {
     }
 }
 
+/// Blocks until the peer closes or resets `stream`, sends a byte, or [`PATIENCE`] passes.
+fn wait_for_close(mut stream: &TcpStream) {
+    let _ = stream.set_read_timeout(Some(PATIENCE));
+    let _ = stream.read(&mut [0u8; 1]);
+}
+
 /// Whether the peer has closed or reset `stream` (a non-blocking peek).
 fn peer_closed(stream: &TcpStream) -> bool {
     if stream.set_nonblocking(true).is_err() {
@@ -808,19 +860,68 @@ fn relay_commands(wire: &mut Wire, receiver: &mpsc::Receiver<Command>) -> End {
     }
 }
 
-/// 200 and `len` bytes of `x`, 64 KiB per write, counted as the socket takes them.
+/// 200 and `len` bytes of `x`, 64 KiB per write, counted as the socket takes them. The body
+/// is written on a non-blocking socket, so that a full one is seen (`bulk_blocked`) rather
+/// than hidden inside a blocking `write`.
 fn bulk(wire: &mut Wire, len: usize, shared: &Shared) -> io::Result<()> {
     let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n");
     wire.send(head.as_bytes())?;
+    wire.stream.set_nonblocking(true)?;
+    let written = write_bulk(&wire.stream, len, shared);
+    wire.stream.set_nonblocking(false)?;
+    written
+}
+
+/// Writes `len` bytes of `x` on the non-blocking `stream`, waiting in a mio `Poll` whenever the
+/// socket is full.
+fn write_bulk(mut stream: &TcpStream, len: usize, shared: &Shared) -> io::Result<()> {
+    // A duplicate of the descriptor to register: same socket, same non-blocking flag.
+    let mut registered = mio::net::TcpStream::from_std(stream.try_clone()?);
+    let mut poll = mio::Poll::new()?;
+    poll.registry().register(&mut registered, mio::Token(0), mio::Interest::WRITABLE)?;
+    let mut events = mio::Events::with_capacity(4);
     let piece = vec![b'x'; 64 << 10];
     let mut left = len;
     while left > 0 {
-        let n = left.min(piece.len());
-        wire.stream.write_all(&piece[..n])?;
-        shared.bulk_written.fetch_add(n as u64, Ordering::AcqRel);
-        left -= n;
+        match stream.write(&piece[..left.min(piece.len())]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                shared.bulk_written.fetch_add(n as u64, Ordering::AcqRel);
+                left -= n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                shared.bulk_stalls.fetch_add(1, Ordering::AcqRel);
+                shared.bulk_blocked.store(true, Ordering::Release);
+                let room = wait_for_room(&mut poll, &mut events, shared);
+                shared.bulk_blocked.store(false, Ordering::Release);
+                room?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
+}
+
+/// Waits for the registered socket's next event: room freed, or an error that the next write
+/// reports (edge-triggered, so an event from before the full write only costs one more try).
+/// Gives up when the backend is dropped.
+fn wait_for_room(
+    poll: &mut mio::Poll,
+    events: &mut mio::Events,
+    shared: &Shared,
+) -> io::Result<()> {
+    loop {
+        match poll.poll(events, Some(PATIENCE)) {
+            Ok(()) if !events.is_empty() => return Ok(()),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if shared.stop.load(Ordering::Acquire) {
+            return Err(io::ErrorKind::ConnectionAborted.into());
+        }
+    }
 }
 
 /// A `chat.completion` JSON, or its SSE form when the request asked for a stream.

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use warmpath::clock::Clock;
 use warmpath::config::Config;
 use warmpath::server::{self, Running};
 
@@ -120,9 +121,15 @@ impl Setup {
         Config::from_toml_str(&toml).unwrap_or_else(|e| panic!("config refused: {e}\n{toml}"))
     }
 
-    /// Starts a router with this configuration.
+    /// Starts a router with this configuration on the real clock.
     pub fn start(&self) -> Router {
         Router::start(self.config())
+    }
+
+    /// Starts a router with this configuration on `clock` (a simulated one: move it, then
+    /// [`Router::wake`]).
+    pub fn start_on(&self, clock: Clock) -> Router {
+        Router::start_on(self.config(), clock)
     }
 
     /// Writes this configuration to `path` and starts a router that reloads from it
@@ -134,7 +141,9 @@ impl Setup {
             overrides: warmpath::config::Overrides::default(),
             env: |_| None,
         };
-        let running = server::start_with_source(self.config(), Some(source)).expect("starts");
+        let running =
+            server::start_with_source(self.config(), Some(source), super::clock().clone())
+                .expect("starts");
         let (addr, admin) = (running.addr(), running.admin_addr());
         Router { running: Some(running), addr, admin }
     }
@@ -165,11 +174,21 @@ pub struct Router {
 }
 
 impl Router {
-    /// Starts `config` (panics when it does not start).
+    /// Starts `config` on the real clock (panics when it does not start).
     pub fn start(config: Config) -> Router {
-        let running = server::start(config).expect("the router starts");
+        Router::start_on(config, super::clock().clone())
+    }
+
+    /// Starts `config` on `clock` (panics when it does not start).
+    pub fn start_on(config: Config, clock: Clock) -> Router {
+        let running = server::start(config, clock).expect("the router starts");
         let (addr, admin) = (running.addr(), running.admin_addr());
         Router { running: Some(running), addr, admin }
+    }
+
+    /// Wakes the router's shards to read their clock again (after moving a simulated one).
+    pub fn wake(&self) {
+        self.running.as_ref().expect("running").wake();
     }
 
     /// S13 shutdown, as on SIGTERM.

@@ -218,7 +218,8 @@ fn decode_input(
                     prefix_hits: live.counters.1,
                 };
             }
-            Input::Snapshot { backend: bytes.below(u32::from(backends)) as u16, snapshot }
+            // Now and then a backend the scheduler does not have (yet: a reload's).
+            Input::Snapshot { backend: bytes.below(u32::from(backends) + 1) as u16, snapshot }
         }
         13 if bytes.below(8) == 0 => Input::Shutdown,
         _ => Input::Tick,

@@ -41,8 +41,9 @@
 //! - A backend ejected after `eject_after_failures` consecutive retryable failures returns when
 //!   a snapshot taken after the ejection reports it healthy.
 //! - Events naming a request that is not in the state they need (a completion of an unknown or
-//!   still-queued request, a cancel racing an admission already released) change nothing and are
-//!   counted in [`Stats::stale_events`].
+//!   still-queued request, a cancel racing an admission already released), and snapshots of a
+//!   backend the scheduler does not have yet (a reload's, probed before its reconfiguration
+//!   reached the scheduler), change nothing and are counted in [`Stats::stale_events`].
 
 pub mod estimate;
 pub mod heap;
@@ -429,7 +430,10 @@ impl Scheduler {
             Input::FirstByte(id) => self.first_byte(now, id),
             Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
-            Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
+            Input::Snapshot { backend, snapshot } if backend < self.params.backends => {
+                self.snapshot(now, backend, snapshot);
+            }
+            Input::Snapshot { .. } => self.stats.stale_events += 1,
             Input::Tick => {}
             Input::Shutdown => self.shutdown(out),
         }

@@ -252,7 +252,10 @@ impl Reference {
             Input::FirstByte(id) => self.first_byte(now, id),
             Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
-            Input::Snapshot { backend, snapshot } => self.snapshot(now, backend, snapshot),
+            Input::Snapshot { backend, snapshot } if usize::from(backend) < self.backends.len() => {
+                self.snapshot(now, backend, snapshot);
+            }
+            Input::Snapshot { .. } => self.stats.stale_events += 1,
             Input::Tick => {}
             Input::Shutdown => self.shutdown(out),
         }

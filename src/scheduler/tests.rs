@@ -678,10 +678,15 @@ fn stale_events_change_nothing() {
         Input::FirstByte(RequestId(2)),
         Input::Retry(RequestId(9)),
         Input::Cancel(RequestId(9)),
+        // A backend a reload adds, probed before the reconfiguration reaches the scheduler.
+        Input::Snapshot {
+            backend: h.s.params().backends,
+            snapshot: Snapshot::new(true, Some(0), 0),
+        },
     ] {
         assert!(h.send(input).is_empty());
     }
-    assert_eq!(h.s.stats().stale_events, 4);
+    assert_eq!(h.s.stats().stale_events, 5);
     assert_eq!(h.s.queued(), 1);
 }
 

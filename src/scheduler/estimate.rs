@@ -1,6 +1,6 @@
-//! What the scheduler learns online about its model and each backend (issue [8]), so that the
+//! What the scheduler learns online about its model and each backend (issue \[8\]), so that the
 //! operator does not have to: how many tokens a byte of prompt is, how fast each engine
-//! prefills, how long its feedback loop is, the admission budget that follows from both, and
+//! prefills, the admission budget that keeps each engine fed without queueing inside it, and
 //! how much of its prompts the prefix index should remember.
 //!
 //! Everything here is sans-IO and deterministic, like the rest of the scheduler: it is fed
@@ -8,8 +8,8 @@
 //! with the engine's `usage`, a control-thread snapshot), stamped with their tick, and it uses
 //! integer arithmetic only, so that the scheduler's reference model can restate it exactly.
 //! Nothing allocates after construction; the work per event is a handful of additions, and a
-//! window of [`WINDOW_EVENTS`] first bytes closes with one pass over [`RATE_WINDOWS`] and
-//! [`LATENCY_SAMPLES`] values.
+//! window of [`WINDOW_EVENTS`] first bytes closes with a sort of [`RATE_WINDOWS`] values on
+//! the stack.
 //!
 //! ## Tokens per byte ([`TokenRate`], per model)
 //!
@@ -20,52 +20,49 @@
 //! megabytes of traffic. Until the first sample the ratio is 1 token per 4 bytes (OpenAI's
 //! rule of thumb for English text, and SPEC S6.3's former constant).
 //!
-//! ## Prefill rate and feedback latency ([`Prefill`], per backend)
+//! ## Prefill rate ([`Prefill::rate`], per backend)
 //!
-//! The engine's prefill throughput is measured the way BBR measures a path's bottleneck
-//! bandwidth (Cardwell, Cheng, Gunn, Hassas Yeganeh, Jacobson, "BBR: Congestion-Based
-//! Congestion Control", ACM Queue 14(5), 2016): as a *delivery rate* over intervals in which
-//! the engine had work, with a windowed maximum so that intervals in which warmpath fed it too
-//! little do not drag the estimate down. Here a unit delivered is a prompt token whose prefill
-//! finished, which the router sees as the request's first response byte:
-//! - while a backend has streaming requests awaiting their first byte, the time since the last
-//!   first byte (or since the admission that started the busy period) is *busy time*;
-//! - each first byte adds its request's estimated uncached tokens to the window's tokens and
-//!   the busy time since the previous event to its time; after [`WINDOW_EVENTS`] first bytes
-//!   the window closes as one sample `(tokens, ticks)`;
-//! - the rate is the highest of the last [`RATE_WINDOWS`] samples (compared by
-//!   cross-multiplication, exactly); so a step change down in engine speed is followed within
-//!   `RATE_WINDOWS` windows, one up at once.
+//! The router sees an engine finish a request's prefill as the request's first response byte.
+//! The rate is measured only over *clean* intervals, in which the engine had warmpath's next
+//! request already waiting when it finished the previous one: a first byte counts when its
+//! request was admitted before the backend's previous first byte, and then the time since that
+//! previous first byte is its service time, with neither idle time nor the trip to the engine
+//! in it. [`WINDOW_EVENTS`] such first bytes close a window `(tokens, ticks)` (the requests'
+//! estimated uncached tokens over their service times); the rate is the median of the last
+//! [`RATE_WINDOWS`] windows (ordered exactly, by cross-multiplication), robust to the outlier
+//! windows that a preemption or a burst of long decodes makes. It follows a step change in
+//! engine speed within about half of [`RATE_WINDOWS`] windows. Decode interference (long steps
+//! because many sequences decode) lowers the measured rate, as it should: it is the rate at
+//! which this engine, as loaded, clears prefill. The rate ranks backends of different speeds
+//! in prefix-cost placement and is exported; the budget does not depend on it.
 //!
-//! Idle periods add nothing (no busy time, no tokens). A request's whole prompt counts at its
-//! first byte although the engine computed it in chunks, and the first byte reaches the router
-//! a network trip after the engine's step ended: both average out over a window of several
-//! requests, which is why samples are windows rather than single requests. Decode interference
-//! (long steps because many sequences decode) lowers the measured rate, as it should: it is
-//! the rate at which this engine, as loaded, clears prefill.
-//!
-//! The *feedback latency* is what a first byte takes beyond the work in front of it: for each
-//! request, `ttfb − (work ahead at admission + its own work) / rate`, where the work ahead is
-//! the backend's backlog when it was admitted. It holds the two network trips, the wait for the
-//! engine's running step to end and the step-time overheads: everything the router cannot make
-//! shorter by sending work sooner. The estimate is the median of the last [`LATENCY_SAMPLES`]
-//! such residuals (a median, not BBR's minimum: under load every request waits for a running
-//! step, and the budget must cover that typical wait, not the best case).
-//!
-//! ## The admission budget (per backend)
+//! ## The admission budget ([`Prefill::budget`], per backend)
 //!
 //! A backend is eligible while its prefill backlog (estimated uncached tokens of admitted
 //! streaming requests without a first byte, SPEC S6.3) is below its budget. With `auto`, the
-//! budget is the backlog the engine drains in [`BUDGET_GAIN`] feedback latencies at its learned
-//! rate: `budget = BUDGET_GAIN × rate × latency`, BBR's in-flight cap of `gain × bandwidth ×
-//! RTT` with prefill in place of bytes. Enough for the engine never to run dry while the next
-//! admission travels to it, and no more: the rest of the queue stays in warmpath, where it is
-//! ordered (session boost) and placed (prefix cost). If the engine slows down (decode load,
-//! another client, a KV cache too small to start more requests), first bytes come later, the
-//! rate falls and the budget with it; if the network trip grows, the latency and the budget
-//! grow. Until both estimates exist the budget is [`BUDGET_UNLEARNED`]. The rule that a backend
-//! with nothing pending always takes one request (S6.3) stays: it is what lets a prompt larger
-//! than the budget through, and what lets a backend that has never been measured be measured.
+//! budget is a controller in the spirit of TCP Vegas (Brakmo and Peterson, "TCP Vegas: End to
+//! End Congestion Avoidance on a Global Internet", IEEE JSAC 13(8), 1995), which keeps a small
+//! steady queue at the bottleneck instead of probing until it overflows, and of Netflix's
+//! concurrency-limits (its `VegasLimit` and `GradientLimit`), which apply the idea to a
+//! server's concurrency. The bottleneck is the engine, and its queue is visible: the engine's
+//! waiting gauge (`vllm:num_requests_waiting`), of which warmpath takes its own pending
+//! requests (streaming, no first byte yet) to be the waiting ones, up to their number. At each
+//! snapshot in which the budget held requests back ([`Prefill::engine_queue`]), the budget
+//! moves to keep [`WAITING_TARGET`] of warmpath's requests waiting in the engine: a quarter
+//! larger when none waits although more than that many are pending (every request sent is
+//! running: the engine would run dry when they finish), an eighth smaller when more wait (they
+//! wait in the engine's arrival order, where warmpath can no longer put a follow-up first).
+//! Multiplicative in both directions, within [`BUDGET_MIN`] and [`BUDGET_MAX`], from
+//! [`BUDGET_UNLEARNED`]. An engine that slows down, a KV cache too full to start more requests,
+//! or someone else's load all show up as waiting requests and close the budget; an engine that
+//! batches more runs more at once and opens it. The rule that a backend with nothing pending
+//! always takes one request (S6.3) stays: it lets a prompt larger than the budget through.
+//!
+//! This was chosen by measurement (perf/RESULTS.md, issue \[8\], "What the lab found") over a
+//! BBR-like budget (`gain × measured rate × feedback latency`, Cardwell et al., ACM Queue
+//! 14(5), 2016) that an earlier version of this module used: the feedback latency, measured
+//! as the residual of a first byte over the work ahead of it, is mostly the engine step the
+//! request lands in, and under load it swung a hundredfold, and the budget with it.
 //!
 //! ## KV capacity and the prefix index (per backend)
 //!
@@ -82,7 +79,7 @@
 //! engine found (it remembers what the engine has evicted) shrinks by a quarter, one that
 //! predicts markedly less grows by a quarter, within [`INDEX_SCALE_MIN`]–[`INDEX_SCALE_MAX`]
 //! times its nominal size. With no exported capacity the calibration starts from the configured
-//! default. This is the "learned from hits and misses" path of issue [8].
+//! default. This is the "learned from hits and misses" path of issue \[8\].
 
 use crate::clock::Tick;
 

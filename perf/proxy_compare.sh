@@ -48,6 +48,10 @@
 #   LAT_CONNS=2 WARMUP=1 (seconds per target per scenario, not recorded) PIN=1
 #   SCENARIOS="small stream body64k latency" TARGETS="direct warmpath nginx haproxy"
 #   WARMPATH=target/release/warmpath BASE_PORT=18100 KEEP_TMP=0 (1 keeps configs and logs)
+#   SHARDS=1 (warmpath's server.shards; with 2, run PIN=0: one core cannot show two shards)
+#   WARMPATH_B, WARMPATH_B_ENV: a second warmpath target `warmpath-b` (add it to TARGETS), the
+#   binary WARMPATH_B (default WARMPATH) with the environment assignments WARMPATH_B_ENV (e.g.
+#   "WARMPATH_X=1"), the same configuration: two builds or two settings side by side in one run
 # Needs wrk, nginx, its echo module (libnginx-mod-http-echo) and haproxy; installs what is
 # missing with apt-get when run as root. Everything listens on 127.0.0.1 only, every process it
 # starts is stopped on exit. Defaults take about 5 minutes. Progress goes to stderr, the
@@ -68,6 +72,9 @@ TARGETS=${TARGETS:-direct warmpath nginx haproxy}
 WARMPATH=${WARMPATH:-target/release/warmpath}
 BASE_PORT=${BASE_PORT:-18100}
 KEEP_TMP=${KEEP_TMP:-0}
+SHARDS=${SHARDS:-1}
+WARMPATH_B=${WARMPATH_B:-$WARMPATH}
+WARMPATH_B_ENV=${WARMPATH_B_ENV:-}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -140,20 +147,24 @@ alloc_port NGINX_PORT
 alloc_port HAPROXY_PORT
 alloc_port WARMPATH_PORT
 alloc_port WARMPATH_ADMIN_PORT
+alloc_port WARMPATH_B_PORT
+alloc_port WARMPATH_B_ADMIN_PORT
 
 # --- Configurations and bodies ---------------------------------------------------------------------
 
-render() { # TEMPLATE OUT DIR PORT: fill in the @VARS@ of a template in perf/proxy
+render() { # TEMPLATE OUT DIR PORT [ADMIN_PORT]: fill in the @VARS@ of a template in perf/proxy
   sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
-    -e "s|@ADMIN_PORT@|$WARMPATH_ADMIN_PORT|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
-    "$HERE/$1" >"$2"
+    -e "s|@ADMIN_PORT@|${5:-$WARMPATH_ADMIN_PORT}|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
+    -e "s|@SHARDS@|$SHARDS|g" "$HERE/$1" >"$2"
 }
 
-mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/body"
+mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/warmpath-b" "$TMP/body"
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
 render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
 render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$WARMPATH_PORT"
+render warmpath.toml "$TMP/warmpath-b/warmpath.toml" "$TMP/warmpath-b" "$WARMPATH_B_PORT" \
+  "$WARMPATH_B_ADMIN_PORT"
 
 # The stream: 50 chat.completion.chunk events and [DONE], each written and flushed on its own
 # (echo module), so the proxy relays a chunked stream as an engine sends it.
@@ -204,7 +215,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
 }
 
 PORT[backend]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT PORT[haproxy]=$HAPROXY_PORT
-PORT[warmpath]=$WARMPATH_PORT
+PORT[warmpath]=$WARMPATH_PORT PORT[warmpath-b]=$WARMPATH_B_PORT
 start backend /health "${PIN_LOAD[@]}" -- \
   nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" ||
   die "backend failed to start"
@@ -234,6 +245,15 @@ for target in $TARGETS; do
         active+=(warmpath)
       else
         log "skipping warmpath: it did not become ready (/readyz) within 10 s"
+      fi
+      ;;
+    warmpath-b)
+      read -ra b_env <<<"$WARMPATH_B_ENV"
+      if start warmpath-b /readyz "${PIN_PROXY[@]}" -- \
+        env "${b_env[@]}" "$WARMPATH_B" serve --config "$TMP/warmpath-b/warmpath.toml"; then
+        active+=(warmpath-b)
+      else
+        log "skipping warmpath-b: it did not become ready (/readyz) within 10 s"
       fi
       ;;
     *) die "unknown target $target" ;;
@@ -335,7 +355,10 @@ Runs: $ROUNDS rounds x ${DURATION}s per target and scenario, interleaved (${acti
 Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, and its share of one core ("busy"); the direct row gives the backend's own. Other load on core 0: core 0's busy time minus the proxy's.
 EOF
 if [[ -n ${CPU_PIDS[warmpath]:-} ]]; then
-  echo "warmpath: $WARMPATH built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH" | cut -c1-12)."
+  echo "warmpath: $WARMPATH built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH" | cut -c1-12); $SHARDS shard(s)."
+fi
+if [[ -n ${CPU_PIDS[warmpath-b]:-} ]]; then
+  echo "warmpath-b: $WARMPATH_B built $(date -u -r "$WARMPATH_B" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH_B" | cut -c1-12); environment: ${WARMPATH_B_ENV:-none}; $SHARDS shard(s)."
 fi
 for key in "${!EXCLUDED[@]}"; do echo "Excluded ${key#*.} from ${key%%.*}: ${EXCLUDED[$key]}."; done
 echo

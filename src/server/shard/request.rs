@@ -5,9 +5,9 @@
 //! body; its admission; what was relayed) lives in a slot of an arena that the client room
 //! owns, found by a `u32` index (STYLE.md, "Index, don't point"), not in a box of its own: a
 //! client connection takes a slot when it parses a head and gives it back when the request
-//! ends. The free list is last in, first out, so a keep-alive connection's next request takes
-//! the slot its last one gave back: a request's state costs no allocation once the arena has
-//! grown to the requests in flight, and a slot keeps its decoded-body buffer up to
+//! ends. The free list is last in, first out, so a keep-alive connection's next request
+//! usually takes the slot its last one gave back: a request's state costs no allocation once
+//! the arena has grown to the requests in flight, and a slot keeps its decoded-body buffer up to
 //! [`DECODED_KEEP_MAX`]. Not inline in the connection: 2.3 KiB on every idle connection would be
 //! ten times what one holds after its idle release. The arena grows to the most requests in
 //! flight at once (at most one per open connection); when none is in flight, an arena grown past

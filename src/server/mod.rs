@@ -2,8 +2,9 @@
 //!
 //! Threads, as [`start`] builds them:
 //! - **shards** ([`shard`]), `server.shards` of them (0 = one per available core), each a mio
-//!   event loop pinned to its core with its own `SO_REUSEPORT` listener, its own connection
-//!   slab, its own upstream keep-alive pools and its own timer wheel. A shard owns a client
+//!   event loop pinned to its core with its own `SO_REUSEPORT` listener, its own slabs of
+//!   client and upstream connections, its own upstream keep-alive pools and its own timer
+//!   wheel, in rooms with their own state (see [`shard`]). A shard owns a client
 //!   connection from accept to close and every upstream connection it opens.
 //! - **no scheduler threads**: each model's sans-IO scheduler runs in a [`Host`] inside one
 //!   shard's event loop (model `i` on shard `i % shards`), so that shard's requests reach it

@@ -15,6 +15,7 @@ fn sim_scale() -> f64 {
     std::env::var("SIM_SCALE").map(|v| v.parse().unwrap()).unwrap_or(8.0)
 }
 
+#[allow(clippy::too_many_lines)] // the fleet lab's driver, older than the lint (issue [9])
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [trace_name, profiles, load, router, sets @ ..] = &args[..] else {

@@ -26,6 +26,7 @@ use support::router::Setup;
 const TIME_SCALE: f64 = 5.0;
 
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom; older than the lint
 fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
     let profiles = ["h100-8b", "l4-3b"];
     let sims: Vec<_> = profiles

@@ -246,6 +246,7 @@ fn a_reload_adds_and_removes_models_and_keeps_queued_requests() {
 /// The proof: a retried, three warm-ups, boosted and forced follow-ups, a cancelled and
 /// a timed-out request, then every counter of SPEC 6 that they touch has its exact value.
 #[test]
+#[allow(clippy::too_many_lines)] // one script, read top to bottom; older than the lint
 fn metrics_count_a_scripted_sequence_exactly() {
     let backend = Backend::start();
     let router = setup(&[&backend])

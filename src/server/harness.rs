@@ -147,6 +147,93 @@ struct Client {
 }
 
 impl Client {
+    /// A connection to the router at `addr`, `TCP_NODELAY`, its reads and writes bounded by
+    /// [`STUCK`].
+    fn connect(addr: SocketAddr, expected: String) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect to the harness router");
+        stream.set_nodelay(true).expect("nodelay");
+        stream.set_read_timeout(Some(STUCK)).expect("read timeout");
+        stream.set_write_timeout(Some(STUCK)).expect("write timeout");
+        Client { stream, buf: Vec::new(), answers: 0, expected }
+    }
+
+    /// Writes `bytes` in the pieces `seed` chooses, each its own `write`.
+    fn write_in_pieces(&mut self, bytes: &[u8], seed: u8) {
+        let mut next = pieces(seed);
+        let mut written = 0;
+        while written < bytes.len() {
+            let n = next().min(bytes.len() - written);
+            // After an error the router half-closes and reads on (lingering), so every write
+            // succeeds; a failed one means it closed, or reset, while the client was sending.
+            if let Err(e) = self.stream.write_all(&bytes[written..written + n]) {
+                panic!("writing byte {written} of {}: {e}", bytes.len());
+            }
+            written += n;
+        }
+    }
+
+    /// Reads the answer to each of `requests` and checks its status; returns how many.
+    fn read_answers(&mut self, requests: &[ModelRequest], rig: &Rig, end: &ModelEnd) -> u64 {
+        let mut seen = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            let was_head = request.method == b"HEAD";
+            if self.buf.is_empty() && !self.fill() {
+                let metrics = admin::render_metrics(&rig.running.shared);
+                let counters: Vec<&str> = metrics
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("warmpath_c") || l.starts_with("warmpath_router_resp")
+                    })
+                    .collect();
+                eprintln!("router: {counters:#?}");
+                panic!(
+                    "closed before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
+                     answers before it {seen:?}",
+                    i + 1,
+                    requests.len(),
+                    String::from_utf8_lossy(&request.method),
+                    String::from_utf8_lossy(&request.target),
+                );
+            }
+            let response = self.final_response(request.expect_continue, was_head);
+            assert_eq!(
+                response.status,
+                route_status(request),
+                "request {:?} {:?}",
+                String::from_utf8_lossy(&request.method),
+                String::from_utf8_lossy(&request.target)
+            );
+            seen.push((response.status, response.close));
+        }
+        requests.len() as u64
+    }
+
+    /// Checks how the connection ends after the last complete request, as the model says;
+    /// returns the answers read doing so.
+    fn read_end(&mut self, end: ModelEnd) -> u64 {
+        match end {
+            ModelEnd::Error { kind, after_continue } => {
+                let response = self.final_response(after_continue, false);
+                let status = crate::protocol::ProtocolError::downstream(kind).status();
+                assert_eq!(response.status, status, "the error's status ({kind:?})");
+                assert!(response.close, "an error answer says Connection: close");
+                assert!(self.response(false).is_none(), "closed after a framing error");
+                1
+            }
+            ModelEnd::Close => {
+                assert!(self.response(false).is_none(), "closed after a non-keep-alive answer");
+                0
+            }
+            ModelEnd::Open { clean: true } => {
+                self.stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n").expect("send");
+                let response = self.final_response(false, false);
+                assert_eq!(response.status, 200, "the connection still serves requests");
+                1
+            }
+            ModelEnd::Open { clean: false } => 0,
+        }
+    }
+
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 8192];
         match self.stream.read(&mut chunk) {
@@ -224,11 +311,18 @@ pub fn check_connection(data: &[u8]) {
     let Some((&seed, stream_bytes)) = data.split_first() else { return };
     let rig = rig();
     let (requests, end) = connection_model(stream_bytes, &rig.limits);
-    let stream = TcpStream::connect(rig.addr).expect("connect to the harness router");
-    stream.set_nodelay(true).expect("nodelay");
-    stream.set_read_timeout(Some(STUCK)).expect("read timeout");
-    stream.set_write_timeout(Some(STUCK)).expect("write timeout");
-    let expected = format!(
+    let mut client = Client::connect(rig.addr, expected(&requests, &end));
+    client.write_in_pieces(stream_bytes, seed);
+    let mut read = client.read_answers(&requests, rig, &end);
+    read += client.read_end(end);
+    let _ = client.stream.shutdown(Shutdown::Both);
+    drop(client);
+    settle(rig, read);
+}
+
+/// What the model expects of one input, for failure messages.
+fn expected(requests: &[ModelRequest], end: &ModelEnd) -> String {
+    format!(
         "expected {} requests: {:?}, then {end:?}",
         requests.len(),
         requests
@@ -239,73 +333,7 @@ pub fn check_connection(data: &[u8]) {
                 String::from_utf8_lossy(&r.target)
             ))
             .collect::<Vec<_>>()
-    );
-    let mut client = Client { stream, buf: Vec::new(), answers: 0, expected };
-    let mut next = pieces(seed);
-    let mut written = 0;
-    while written < stream_bytes.len() {
-        let n = next().min(stream_bytes.len() - written);
-        // After an error the router half-closes and reads on (lingering), so every write
-        // succeeds; a failed one means it closed, or reset, while the client was sending.
-        if let Err(e) = client.stream.write_all(&stream_bytes[written..written + n]) {
-            panic!("writing byte {written} of {}: {e}", stream_bytes.len());
-        }
-        written += n;
-    }
-    let mut read = 0;
-    let mut seen = Vec::new();
-    for (i, request) in requests.iter().enumerate() {
-        let was_head = request.method == b"HEAD";
-        if client.buf.is_empty() && !client.fill() {
-            let metrics = admin::render_metrics(&rig.running.shared);
-            let counters: Vec<&str> = metrics
-                .lines()
-                .filter(|l| l.starts_with("warmpath_c") || l.starts_with("warmpath_router_resp"))
-                .collect();
-            eprintln!("router: {counters:#?}");
-            panic!(
-                "closed before the answer to request {} of {} ({:?} {:?}); end {end:?}; \
-                 answers before it {seen:?}",
-                i + 1,
-                requests.len(),
-                String::from_utf8_lossy(&request.method),
-                String::from_utf8_lossy(&request.target),
-            );
-        }
-        let response = client.final_response(request.expect_continue, was_head);
-        assert_eq!(
-            response.status,
-            route_status(request),
-            "request {:?} {:?}",
-            String::from_utf8_lossy(&request.method),
-            String::from_utf8_lossy(&request.target)
-        );
-        seen.push((response.status, response.close));
-        read += 1;
-    }
-    match end {
-        ModelEnd::Error { kind, after_continue } => {
-            let response = client.final_response(after_continue, false);
-            let status = crate::protocol::ProtocolError::downstream(kind).status();
-            assert_eq!(response.status, status, "the error's status ({kind:?})");
-            assert!(response.close, "an error answer says Connection: close");
-            read += 1;
-            assert!(client.response(false).is_none(), "closed after a framing error");
-        }
-        ModelEnd::Close => {
-            assert!(client.response(false).is_none(), "closed after a non-keep-alive answer");
-        }
-        ModelEnd::Open { clean: true } => {
-            client.stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n").expect("send");
-            let response = client.final_response(false, false);
-            assert_eq!(response.status, 200, "the connection still serves requests");
-            read += 1;
-        }
-        ModelEnd::Open { clean: false } => {}
-    }
-    let _ = client.stream.shutdown(Shutdown::Both);
-    drop(client);
-    settle(rig, read);
+    )
 }
 
 /// Waits until the router is idle and has counted `read` more responses than before.

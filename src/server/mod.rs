@@ -2,8 +2,9 @@
 //!
 //! Threads, as [`start`] builds them:
 //! - **shards** ([`shard`]), `server.shards` of them (0 = one per available core), each a mio
-//!   event loop pinned to its core with its own `SO_REUSEPORT` listener, its own connection
-//!   slab, its own upstream keep-alive pools and its own timer wheel. A shard owns a client
+//!   event loop pinned to its core with its own `SO_REUSEPORT` listener, its own slabs of
+//!   client and upstream connections, its own upstream keep-alive pools and its own timer
+//!   wheel, in rooms with their own state (see [`shard`]). A shard owns a client
 //!   connection from accept to close and every upstream connection it opens.
 //! - **no scheduler threads**: each model's sans-IO scheduler runs in a [`Host`] inside one
 //!   shard's event loop (model `i` on shard `i % shards`), so that shard's requests reach it
@@ -103,6 +104,36 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// What the threads of a router on `generation` share, with one ring per shard.
+    fn new(
+        generation: Arc<Generation>,
+        source: Option<ConfigSource>,
+        rings: Vec<Arc<ShardRing>>,
+        plan: Plan,
+        access_logs: Vec<Arc<access_log::ShardLog>>,
+        clock: &Clock,
+    ) -> Shared {
+        let shard_count = rings.len();
+        let shard_metrics = (0..shard_count)
+            .map(|_| Mutex::new(Arc::new(ShardMetrics::for_generation(&generation))))
+            .collect();
+        Shared {
+            generation_number: AtomicU64::new(generation.number),
+            current: Mutex::new(generation),
+            source,
+            new_hosts: (0..shard_count).map(|_| Mutex::new(Vec::new())).collect(),
+            rings,
+            shard_metrics,
+            access_logs,
+            control_plan: Arc::new(Mutex::new(Arc::new(plan))),
+            reload_lock: Mutex::new(()),
+            reloads_refused: AtomicU64::new(0),
+            shutting_down: AtomicBool::new(false),
+            shards_busy: AtomicUsize::new(shard_count),
+            clock: clock.clone(),
+        }
+    }
+
     /// The active generation.
     pub fn generation(&self) -> Arc<Generation> {
         Arc::clone(&self.current.lock().unwrap_or_else(|e| e.into_inner()))
@@ -231,24 +262,12 @@ pub fn start_with_source(
         n => n as usize,
     };
     let shard_count = shard_count.min(usize::from(u16::MAX));
-
     // Listeners first, so a bad address fails before any thread starts.
-    let first = bind_reuseport(config.server.listen)?;
-    let addr = first.local_addr()?;
-    let mut listeners = vec![first];
-    for _ in 1..shard_count {
-        listeners.push(bind_reuseport(addr)?);
-    }
+    let (listeners, addr) = bind_shard_listeners(config.server.listen, shard_count)?;
     let admin_listener = StdListener::bind(config.server.admin_listen)?;
     let admin_addr = admin_listener.local_addr()?;
     let access_log = access_log::LogWriter::start(&config.server.access_log, shard_count)?;
-
-    let polls = (0..shard_count).map(|_| mio::Poll::new()).collect::<io::Result<Vec<_>>>()?;
-    let mut rings = Vec::with_capacity(shard_count);
-    for poll in &polls {
-        let waker = Arc::new(mio::Waker::new(poll.registry(), shard::WAKER)?);
-        rings.push(Arc::new(Ring::new(RING_CAPACITY, waker)));
-    }
+    let (polls, rings) = shard_polls(shard_count)?;
     let control_settings = ControlSettings::from_config(&config.upstream);
     let (generation, new_hosts) = Generation::build(1, config, None, &clock, &rings)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -256,48 +275,70 @@ pub fn start_with_source(
     for new in new_hosts {
         hosted[new.home].push((new.model, new.host));
     }
-    let shard_metrics = (0..shard_count)
-        .map(|_| Mutex::new(Arc::new(ShardMetrics::for_generation(&generation))))
-        .collect();
     let plan = Plan { targets: generation.targets(), settings: control_settings };
-    let generation = Arc::new(generation);
-    let shared = Arc::new(Shared {
-        current: Mutex::new(Arc::clone(&generation)),
-        generation_number: AtomicU64::new(generation.number),
-        source,
-        new_hosts: (0..shard_count).map(|_| Mutex::new(Vec::new())).collect(),
-        rings: rings.clone(),
-        shard_metrics,
-        access_logs: access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec()),
-        control_plan: Arc::new(Mutex::new(Arc::new(plan))),
-        reload_lock: Mutex::new(()),
-        reloads_refused: AtomicU64::new(0),
-        shutting_down: AtomicBool::new(false),
-        shards_busy: AtomicUsize::new(shard_count),
-        clock: clock.clone(),
-    });
+    let pin_cores = generation.config.server.pin_cores;
+    let logs = access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec());
+    let shared = Arc::new(Shared::new(Arc::new(generation), source, rings, plan, logs, &clock));
+    let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock)?;
+    let parts = polls.into_iter().zip(listeners).zip(hosted);
+    let shards = spawn_shards(parts, &shared, pin_cores)?;
+    let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
+    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log })
+}
 
-    let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock.clone())?;
-    let cores = match generation.config.server.pin_cores {
+/// One `SO_REUSEPORT` listener per shard on `listen`, and the address they listen on (the
+/// actual port when `listen`'s is 0).
+fn bind_shard_listeners(
+    listen: SocketAddr,
+    shard_count: usize,
+) -> io::Result<(Vec<StdListener>, SocketAddr)> {
+    let first = bind_reuseport(listen)?;
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..shard_count {
+        listeners.push(bind_reuseport(addr)?);
+    }
+    Ok((listeners, addr))
+}
+
+/// Each shard's `Poll`, and its inbound ring, which wakes that poll.
+fn shard_polls(shard_count: usize) -> io::Result<(Vec<mio::Poll>, Vec<Arc<ShardRing>>)> {
+    let polls = (0..shard_count).map(|_| mio::Poll::new()).collect::<io::Result<Vec<_>>>()?;
+    let mut rings = Vec::with_capacity(shard_count);
+    for poll in &polls {
+        let waker = Arc::new(mio::Waker::new(poll.registry(), shard::WAKER)?);
+        rings.push(Arc::new(Ring::new(RING_CAPACITY, waker)));
+    }
+    Ok((polls, rings))
+}
+
+/// Starts one shard thread per `((poll, listener), hosted schedulers)`, pinned to the cores
+/// when `pin_cores`.
+fn spawn_shards(
+    parts: impl Iterator<Item = ((mio::Poll, StdListener), Vec<(u16, ShardHost)>)>,
+    shared: &Arc<Shared>,
+    pin_cores: bool,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    let shard_count = shared.rings.len();
+    let cores = match pin_cores {
         true => core_affinity::get_core_ids().unwrap_or_default(),
         false => Vec::new(),
     };
-    if generation.config.server.pin_cores && cores.is_empty() {
+    if pin_cores && cores.is_empty() {
         eprintln!(
             "warmpath: warning: pin_cores is set but no core id is available; all {shard_count} \
              shards run unpinned"
         );
     }
     let mut shards = Vec::with_capacity(shard_count);
-    let shard_parts = polls.into_iter().zip(listeners).zip(hosted);
-    for (index, ((poll, listener), hosted)) in shard_parts.enumerate() {
+    for (index, ((poll, listener), hosted)) in parts.enumerate() {
         let setup = shard::Setup {
             index: index as u16,
             poll,
             hosted,
             listener: mio::net::TcpListener::from_std(listener),
-            ring: Arc::clone(&rings[index]),
-            shared: Arc::clone(&shared),
+            ring: Arc::clone(&shared.rings[index]),
+            shared: Arc::clone(shared),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
             shard_count,
         };
@@ -306,13 +347,12 @@ pub fn start_with_source(
             .spawn(move || shard::run(setup))?;
         shards.push(handle);
     }
-    let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
-    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log })
+    Ok(shards)
 }
 
 /// A non-blocking listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so every shard binds the
 /// same address and the kernel spreads connections over them.
-fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+fn bind_reuseport(addr: SocketAddr) -> io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;

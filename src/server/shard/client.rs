@@ -1,51 +1,309 @@
-//! The client side of a shard: reading requests, routing them, queueing them with their
-//! scheduler, acting on its decisions, answering, and ending requests (S10, S12, S14).
+//! The acceptor and the client connections of a shard, [`Clients`]: accepting, reading
+//! requests (parsed by `protocol`), routing them, queueing them with their scheduler, acting on
+//! its decisions, answering, ending requests (S10, S12, S14) and writing their access-log
+//! lines. The room's other files: a connection and its socket I/O (`connection.rs`), the
+//! router's answers as bytes (`answer.rs`), a request's state in its reused slot
+//! (`request.rs`). What a request does upstream is [`Upstreams`]' business: a call that
+//! reaches it (an admission forwards, a flush resumes a paused relay, a client gone
+//! mid-response closes its upstream connection) takes it as an argument.
 
-use super::*;
+use std::borrow::Cow;
+use std::io::{ErrorKind, Write};
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::time::Duration;
 
-impl Shard {
-    // ----- client side -----
+use mio::net::{TcpListener, TcpStream};
+use mio::Interest;
+use slab::Slab;
+
+use crate::clock::Tick;
+use crate::protocol::prompt::PromptHasher;
+use crate::protocol::{
+    find_model_and_prompt, parse_request_head, write_error, write_protocol_error, ChunkedDecoder,
+    Framing, ProtocolError, RequestHead, Side, Version,
+};
+use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
+use crate::scheduler::{Arrival, Input, Output, RequestId, Usage};
+use crate::server::access_log::{self, Outcome, ShardLog};
+use crate::server::metrics::ShardMetrics;
+
+use super::answer::{rejection, write_json, write_router_error, AnswerTo, ErrorAnswer};
+use super::connection::{discard_unread, read_away, Client, Phase};
+use super::request::{
+    format_request_id, hash_session, session_value, Admission, Request, Requests,
+};
+use super::upstream::Upstreams;
+use super::{Cx, Owner, CLIENT_HIGH_WATER, KEEP_BUFFER_MAX, READ_CHUNK};
+
+/// How long a keep-alive connection may sit idle holding its buffers:
+/// after this it gives them back and holds none until its next request (which allocates
+/// again), so the memory of idle connections does not drift up to their number times their
+/// largest request.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+/// How long a closing client connection keeps reading (and discarding) its input after its
+/// last answer, so that a reset does not destroy that answer (RFC 9112 9.6).
+const LINGER: Duration = Duration::from_secs(2);
+/// Request serials carry the connection's key in their low bits, so client keys stay below
+/// 2^24.
+const KEY_BITS: u32 = 24;
+
+/// Where an inference request goes, once its body is scanned (S16: the prompt's block hashes,
+/// when its model hashes prompts, are in `Clients::prompt_scratch`).
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    model: u16,
+    session: Option<u64>,
+    body_len: usize,
+}
+
+/// A router answer refusing a request: its status, error code and message, and the model it
+/// counts for.
+#[derive(Debug)]
+struct Refusal {
+    status: u16,
+    code: &'static str,
+    message: Cow<'static, str>,
+    model: Option<u16>,
+}
+
+/// The acceptor and the client connections.
+#[derive(Debug)]
+pub(super) struct Clients {
+    /// The shard's `SO_REUSEPORT` listener; `None` once a drain stopped accepting.
+    listener: Option<TcpListener>,
+    conns: Slab<Client>,
+    /// The state of each request being worked on, in slots the connections hold by index.
+    requests: Requests,
+    /// Open client connections, lingering ones included.
+    open: usize,
+    /// This shard's share of `max_connections`.
+    max: usize,
+    /// The last request serial; a request id is the shard, the serial and the client's key.
+    serial: u64,
+    /// Request bytes held by queued requests (`max_buffered_bytes`).
+    buffered: u64,
+    /// Client connections to read again: their response ended and the next request may be
+    /// buffered already.
+    again: Vec<usize>,
+    /// For refusals and input read away.
+    scratch: Vec<u8>,
+    /// S16: cuts prompts into hashed blocks (its buffer is one block, reused).
+    prompt_hasher: PromptHasher,
+    /// The block hashes of the last body scanned (see `route`).
+    prompt_scratch: Vec<u64>,
+    /// This shard's access-log buffer, when the log is on, and the line being formatted.
+    log: Option<Arc<ShardLog>>,
+    log_line: Vec<u8>,
+}
+
+impl Clients {
+    pub(super) fn new(listener: TcpListener, max: usize, log: Option<Arc<ShardLog>>) -> Clients {
+        Clients {
+            listener: Some(listener),
+            conns: Slab::with_capacity(1024),
+            requests: Requests::default(),
+            open: 0,
+            max,
+            serial: 0,
+            buffered: 0,
+            again: Vec::new(),
+            scratch: Vec::with_capacity(16 << 10),
+            prompt_hasher: PromptHasher::new(256),
+            prompt_scratch: Vec::new(),
+            log,
+            log_line: Vec::with_capacity(1024),
+        }
+    }
+
+    /// A new generation's share of `max_connections`.
+    pub(super) fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
+    /// Whether no client connection is open.
+    pub(super) fn is_empty(&self) -> bool {
+        self.open == 0
+    }
+
+    /// Whether connections wait to be read again.
+    pub(super) fn has_again(&self) -> bool {
+        !self.again.is_empty()
+    }
+
+    /// Client `key` and its request, for the upstream side of their exchange; `None` when the
+    /// connection is gone. An exchange always has a request: none is a bug (a panic).
+    pub(super) fn exchange(&mut self, key: usize) -> Option<(&mut Client, &mut Request)> {
+        let c = self.conns.get_mut(key)?;
+        let slot = c.req.expect("a request in an exchange");
+        Some((c, &mut self.requests[slot]))
+    }
+
+    fn set_timer(&mut self, key: usize, deadline: Option<Tick>, cx: &mut Cx) {
+        if let Some(c) = self.conns.get_mut(key) {
+            cx.set_timer(&mut c.timer, Owner::Client(key), deadline);
+        }
+    }
+
+    // ----- accept -----
+
+    pub(super) fn accept(&mut self, cx: &mut Cx) {
+        loop {
+            let Some(listener) = &self.listener else { return };
+            let (mut stream, peer) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return, // EMFILE and friends: try again on the next event.
+            };
+            if self.open >= self.max {
+                self.refuse(stream, cx);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            if key >= 1 << KEY_BITS {
+                continue;
+            }
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if cx.registry.register(&mut stream, Owner::Client(key).token(), interest).is_err() {
+                continue;
+            }
+            entry.insert(Client::new(stream, peer.ip()));
+            self.open += 1;
+            ShardMetrics::bump(&cx.metrics.accepted);
+            ShardMetrics::set(&cx.metrics.open, self.open as u64);
+            let deadline = cx.now() + cx.timeouts.header;
+            self.set_timer(key, Some(deadline), cx);
+        }
+    }
+
+    /// Over `max_connections`: a 503 and a close.
+    fn refuse(&mut self, mut stream: TcpStream, cx: &Cx) {
+        ShardMetrics::bump(&cx.metrics.refused);
+        self.scratch.clear();
+        write_error(
+            503,
+            "unavailable",
+            "too many connections",
+            &mut self.scratch,
+            &[("Connection", b"close")],
+        );
+        let _ = stream.write(&self.scratch);
+        // No slot to linger in: read away what already arrived, so that the close is a FIN
+        // after the 503 rather than a reset (input arriving later still resets).
+        discard_unread(&mut stream, &mut self.scratch);
+    }
+
+    /// Stops accepting (S13) and closes the idle keep-alive connections; busy ones close after
+    /// their response. False when it had stopped already.
+    pub(super) fn stop_accepting(&mut self, cx: &mut Cx) -> bool {
+        let Some(mut listener) = self.listener.take() else { return false };
+        let _ = cx.registry.deregister(&mut listener);
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.phase == Phase::Head && c.rlen == 0)
+            .map(|(key, _)| key)
+            .collect();
+        for key in idle {
+            self.close(key, cx);
+        }
+        true
+    }
+
+    /// The drain deadline passed: every client connection left is dropped as gone.
+    pub(super) fn all_gone(&mut self, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
+        for key in keys {
+            self.gone(key, upstreams, cx);
+        }
+    }
+
+    // ----- events -----
+
+    /// A readiness event of connection `key`.
+    pub(super) fn ready(
+        &mut self,
+        key: usize,
+        readable: bool,
+        writable: bool,
+        hup: bool,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        let Some(c) = self.conns.get_mut(key) else { return };
+        c.hup |= hup;
+        if writable {
+            self.flush(key, upstreams, cx);
+        }
+        if readable && self.conns.contains(key) {
+            self.read(key, upstreams, cx);
+        }
+    }
+
+    /// Reads the connections whose response ended with the next request possibly buffered.
+    pub(super) fn read_again(&mut self, upstreams: &mut Upstreams, cx: &mut Cx) {
+        while let Some(key) = self.again.pop() {
+            let reading = |c: &Client| matches!(c.phase, Phase::Head | Phase::Body);
+            if self.conns.get(key).is_some_and(reading) {
+                self.read(key, upstreams, cx);
+            }
+        }
+    }
+
+    /// Connection `key`'s timer fired.
+    pub(super) fn expired(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let now = cx.now();
+        let Some(c) = self.conns.get_mut(key) else { return };
+        c.timer = None;
+        match c.phase {
+            Phase::Lingering => {
+                c.gone = true;
+                self.close(key, cx);
+            }
+            // Idle for IDLE_RELEASE with buffers: give them back, and close when the rest of
+            // `idle_timeout` has passed too.
+            Phase::Head if c.rlen == 0 && c.holds_buffers() => {
+                c.rbuf = Vec::new();
+                c.wbuf = Vec::new();
+                let rest = cx.timeouts.idle.saturating_sub(cx.rate.ticks(IDLE_RELEASE));
+                self.set_timer(key, Some(now + rest), cx);
+            }
+            Phase::Head if c.rlen == 0 => self.close(key, cx),
+            Phase::Head | Phase::Body => {
+                let message = match c.phase {
+                    Phase::Head => "request head not received within server.header_timeout",
+                    _ => "request body not received within server.body_timeout",
+                };
+                // The rest of the head or body may still arrive: it must not be read as a next
+                // request, so close (set before answering, which may flush and end the request
+                // at once).
+                c.closing = true;
+                let model = c.req.and_then(|slot| self.requests[slot].model);
+                let answer = (408, "request_timeout", message);
+                self.router_error(key, answer, model, upstreams, cx);
+            }
+            // The client accepted nothing of its response for `idle_timeout`.
+            Phase::Upstream(_) | Phase::Done => self.gone(key, upstreams, cx),
+            Phase::Queued => {}
+        }
+    }
+
+    // ----- reading requests -----
 
     /// Reads what the client sent, then moves its request along.
-    pub(super) fn read_client(&mut self, key: usize) {
-        if self.client(key).phase == Phase::Lingering {
-            return self.discard_input(key);
+    fn read(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        if self.conns[key].phase == Phase::Lingering {
+            return self.discard_input(key, cx);
         }
         loop {
-            let limit = self.read_limit(key);
-            let c = self.client(key);
-            // Whether the socket is known to be empty; if the read stopped at the limit
-            // instead, bytes may wait that no new edge will announce.
-            let mut drained = false;
-            while !c.gone && c.rlen < limit {
-                if c.rbuf.len() == c.rlen {
-                    let grow = c.rbuf.len().clamp(4096, READ_CHUNK);
-                    c.rbuf.resize(c.rbuf.len() + grow, 0);
-                }
-                let end = c.rbuf.len().min(limit);
-                let want = end - c.rlen;
-                match c.stream.read(&mut c.rbuf[c.rlen..end]) {
-                    Ok(0) => c.gone = true,
-                    Ok(n) => {
-                        c.rlen += n;
-                        if n < want && !c.hup {
-                            // A short read drained the socket: the next byte brings a new
-                            // edge, so the read that would only say EAGAIN is skipped.
-                            drained = true;
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        drained = true;
-                        break;
-                    }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(_) => c.gone = true,
-                }
-            }
-            c.undrained = !drained && !c.gone;
+            let limit = self.read_limit(key, cx);
+            let c = &mut self.conns[key];
+            let drained = c.fill(limit);
             let gone = c.gone;
-            self.advance(key);
+            self.advance(key, upstreams, cx);
             if drained || gone || !self.conns.contains(key) {
                 return;
             }
@@ -53,7 +311,7 @@ impl Shard {
             // what is buffered now (a parsed head lets its body in; a dispatched request, the
             // next head). Answering a pipelined request drops its bytes, so this compares
             // with the buffer after `advance`, not before.
-            if self.read_limit(key) <= self.client(key).rlen {
+            if self.read_limit(key, cx) <= self.conns[key].rlen {
                 return;
             }
         }
@@ -61,11 +319,10 @@ impl Shard {
 
     /// How many bytes the client's buffer may hold now: a request being read may fill its
     /// limits (the parser reports the overflow); later phases keep room for one pipelined head.
-    pub(super) fn read_limit(&self, key: usize) -> usize {
-        let Some(Conn::Client(c)) = self.conns.get(key) else { return 0 };
-        let limits = &self.gen.limits;
-        let head_max = limits.max_header_bytes;
-        match (c.phase, &c.req) {
+    fn read_limit(&self, key: usize, cx: &Cx) -> usize {
+        let Some(c) = self.conns.get(key) else { return 0 };
+        let head_max = cx.gen.limits.max_header_bytes;
+        match (c.phase, c.req.map(|slot| &self.requests[slot])) {
             (Phase::Head, _) => head_max + 1,
             (Phase::Body, Some(req)) => match req.head.framing {
                 Framing::ContentLength(n) => req.head.head_len + n as usize,
@@ -78,12 +335,11 @@ impl Shard {
     }
 
     /// Moves the client's request through the phases as far as its bytes allow.
-    pub(super) fn advance(&mut self, key: usize) {
+    fn advance(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
         loop {
-            let phase = self.client(key).phase;
-            let progressed = match phase {
-                Phase::Head => self.parse_head(key),
-                Phase::Body => self.read_body(key),
+            let progressed = match self.conns[key].phase {
+                Phase::Head => self.parse_head(key, upstreams, cx),
+                Phase::Body => self.read_body(key, upstreams, cx),
                 Phase::Queued | Phase::Upstream(_) | Phase::Done | Phase::Lingering => false,
             };
             if !self.conns.contains(key) {
@@ -93,82 +349,71 @@ impl Shard {
                 break;
             }
         }
-        let c = self.client(key);
-        if c.gone {
-            self.client_gone(key);
+        if self.conns[key].gone {
+            self.gone(key, upstreams, cx);
         }
     }
 
-    pub(super) fn parse_head(&mut self, key: usize) -> bool {
-        let limits = &self.gen.limits;
-        let Conn::Client(c) = &mut self.conns[key] else { return false };
+    fn parse_head(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) -> bool {
+        let c = &mut self.conns[key];
         if c.rlen == 0 {
             return false;
         }
-        let parsed = parse_request_head(&c.rbuf[..c.rlen], limits);
-        let now = self.clock.now();
+        let parsed = parse_request_head(&c.rbuf[..c.rlen], &cx.gen.limits);
+        let now = cx.now();
         match parsed {
             Err(e) => {
-                self.protocol_error(key, e, None);
+                self.protocol_error(key, e, None, upstreams, cx);
                 false
             }
             Ok(None) => {
                 // Bytes of a head arrived: the header timeout runs from the first of them.
                 if c.req.is_none() && !c.gone {
-                    let deadline = now + self.timeouts.header;
-                    if self.wheel_deadline(key).is_none_or(|d| d > deadline) {
-                        self.set_timer(key, Some(deadline));
+                    let deadline = now + cx.timeouts.header;
+                    let armed = c.timer.and_then(|timer| cx.wheel.deadline(timer));
+                    if armed.is_none_or(|d| d > deadline) {
+                        self.set_timer(key, Some(deadline), cx);
                     }
                 }
                 false
             }
             Ok(Some(head)) => {
-                let expect = head.expect_continue && head.framing != Framing::None;
-                let keep_alive = head.keep_alive;
-                let decoder = (head.framing == Framing::Chunked)
-                    .then(|| ChunkedDecoder::new(limits.chunked(), Side::Downstream));
-                let raw_len = head.head_len;
-                c.req = Some(Box::new(Request {
-                    head,
-                    id: RequestId(0),
-                    model: None,
-                    decoder,
-                    decoded: Vec::new(),
-                    raw_len,
-                    started: now,
-                    streaming: false,
-                    model_token: 0..0,
-                    admission: None,
-                    buffered: 0,
-                    reconnected: false,
-                    forwarded_at: 0,
-                    first_byte_sent: false,
-                    status: 0,
-                    keep_alive,
-                    complete: None,
-                    bytes_out: 0,
-                    ttfb: None,
-                    failure: None,
-                    usage: UsageScanner::new(),
-                }));
-                c.phase = Phase::Body;
-                if expect {
-                    c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                }
-                let deadline = now + self.timeouts.body;
-                self.set_timer(key, Some(deadline));
-                if expect {
-                    self.flush_client(key);
-                }
+                self.begin(key, head, now, upstreams, cx);
                 true
             }
         }
     }
 
+    /// A request's head is parsed: it takes the connection's request slot and waits for its
+    /// body (answering `100 Continue` when asked).
+    fn begin(
+        &mut self,
+        key: usize,
+        head: RequestHead,
+        now: Tick,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        let expect = head.expect_continue && head.framing != Framing::None;
+        let decoder = (head.framing == Framing::Chunked)
+            .then(|| ChunkedDecoder::new(cx.gen.limits.chunked(), Side::Downstream));
+        let c = &mut self.conns[key];
+        c.req = Some(self.requests.start(head, decoder, now));
+        c.phase = Phase::Body;
+        if expect {
+            c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        let deadline = now + cx.timeouts.body;
+        self.set_timer(key, Some(deadline), cx);
+        if expect {
+            self.flush(key, upstreams, cx);
+        }
+    }
+
     /// Checks whether the body is complete; dispatches the request when it is.
-    pub(super) fn read_body(&mut self, key: usize) -> bool {
-        let Conn::Client(c) = &mut self.conns[key] else { return false };
-        let req = c.req.as_mut().expect("a request in the body phase");
+    fn read_body(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) -> bool {
+        let c = &mut self.conns[key];
+        let req = &mut self.requests[c.req.expect("a request in the body phase")];
         let complete = match req.head.framing {
             Framing::None => true,
             Framing::ContentLength(n) => {
@@ -185,7 +430,7 @@ impl Shard {
                     }
                     Err(e) => {
                         let model = req.model;
-                        self.protocol_error(key, e, model);
+                        self.protocol_error(key, e, model, upstreams, cx);
                         return false;
                     }
                 }
@@ -194,51 +439,64 @@ impl Shard {
         if !complete {
             return false;
         }
-        self.set_timer(key, None);
-        self.dispatch(key);
+        self.set_timer(key, None, cx);
+        self.dispatch(key, upstreams, cx);
         true
     }
 
+    // ----- routing -----
+
     /// Routes a complete request.
-    pub(super) fn dispatch(&mut self, key: usize) {
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let req = c.req.as_ref().expect("a request to dispatch");
+    fn dispatch(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let gen = cx.gen;
+        let c = &self.conns[key];
+        let req = &self.requests[c.req.expect("a request to dispatch")];
         let method = req.head.method(&c.rbuf);
         let path = req.head.path(&c.rbuf);
         if method == b"POST" && path.starts_with(b"/v1/") {
-            return self.inference(key);
+            return self.inference(key, upstreams, cx);
         }
-        let gen = Arc::clone(&self.gen);
         // HEAD is GET without the content (RFC 9110 9.3.2; `respond` leaves the body out).
         let method = if method == b"HEAD" { b"GET".as_slice() } else { method };
         match (method, path) {
-            (b"GET", b"/v1/models") => self.respond(key, 200, &gen.models_json),
-            (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#),
+            (b"GET", b"/v1/models") => self.respond(key, 200, &gen.models_json, upstreams, cx),
+            (b"GET", b"/healthz") => self.respond(key, 200, br#"{"status":"ok"}"#, upstreams, cx),
             (b"GET", b"/readyz") if gen.ready() => {
-                self.respond(key, 200, br#"{"status":"ready"}"#);
+                self.respond(key, 200, br#"{"status":"ready"}"#, upstreams, cx);
             }
             (b"GET", b"/readyz") => self.respond(
                 key,
                 503,
                 br#"{"status":"not ready","reason":"a model has no healthy backend"}"#,
+                upstreams,
+                cx,
             ),
-            _ => self.router_error(key, 404, "model_not_found", "unknown path", None),
+            _ => {
+                let answer = (404, "model_not_found", "unknown path");
+                self.router_error(key, answer, None, upstreams, cx);
+            }
         }
     }
 
     /// An inference request: find its model and session, and queue it.
-    pub(super) fn inference(&mut self, key: usize) {
-        let shared = Arc::clone(&self.shared);
-        let gen = Arc::clone(&self.gen);
-        let shard = self.index;
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let req = c.req.as_mut().expect("a request");
-        let body = match req.decoder {
-            Some(_) => &req.decoded[..],
-            None => &c.rbuf[req.head.head_len..req.raw_len],
-        };
-        // One pass finds the model and, when a model hashes prompts, the prompt's block hashes
-        // (into the shard's scratch vector; copied into the model's pool slot below).
+    fn inference(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        match self.route(key, cx) {
+            Ok(route) => self.queue(key, route, upstreams, cx),
+            Err(r) => {
+                let answer = (r.status, r.code, &*r.message);
+                self.router_error(key, answer, r.model, upstreams, cx);
+            }
+        }
+    }
+
+    /// Where an inference request goes: one pass over its body finds the model and, when a
+    /// model hashes prompts, the prompt's block hashes (into `prompt_scratch`; copied into the
+    /// model's pool slot by `prompt_slot`); then its session header gives the session key.
+    fn route(&mut self, key: usize, cx: &Cx) -> Result<Route, Refusal> {
+        let gen = cx.gen;
+        let c = &self.conns[key];
+        let req = &mut self.requests[c.req.expect("a request")];
+        let body = req.body(&c.rbuf);
         if let Some(block) = gen.prompt_block_bytes {
             if self.prompt_hasher.block_bytes() != block {
                 self.prompt_hasher = PromptHasher::new(block);
@@ -246,20 +504,16 @@ impl Shard {
         }
         let hasher =
             gen.prompt_block_bytes.map(|_| (&mut self.prompt_hasher, &mut self.prompt_scratch));
+        let refusal = |status, code, message, model| Refusal { status, code, message, model };
         let field = match find_model_and_prompt(body, hasher) {
             Ok((field, _)) => field,
-            Err(e) => {
-                let message = e.to_string();
-                return self.router_error(key, 400, "invalid_request", &message, None);
-            }
+            Err(e) => return Err(refusal(400, "invalid_request", e.to_string().into(), None)),
         };
         let Some(&model) = gen.by_name.get(&*field.value) else {
             let message = format!("model {:?} is not configured", &*field.value);
-            return self.router_error(key, 404, "model_not_found", &message, None);
+            return Err(refusal(404, "model_not_found", message.into(), None));
         };
-        let streaming = field.stream;
-        let token = field.token.clone();
-        let body_len = body.len();
+        let (streaming, token, body_len) = (field.stream, field.token.clone(), body.len());
         req.model = Some(model);
         req.streaming = streaming;
         req.model_token = token;
@@ -269,296 +523,276 @@ impl Shard {
         } else {
             session_value(req.head.headers.get(&c.rbuf, &m.session_header))
         };
-        let session = match session {
-            Ok(session) => session.map(hash_session),
-            Err(message) => {
-                return self.router_error(key, 400, "invalid_request", message, Some(model));
-            }
-        };
-        if shared.shutting_down.load(Ordering::Acquire) {
-            return self.router_error(key, 503, "unavailable", "shutting down", Some(model));
+        match session {
+            Ok(session) => Ok(Route { model, session: session.map(hash_session), body_len }),
+            Err(message) => Err(refusal(400, "invalid_request", message.into(), Some(model))),
         }
-        let held = req.raw_len as u64 + req.decoded.len() as u64;
-        if self.buffered + held > gen.config.server.max_buffered_bytes {
-            let message = "buffered request bytes budget exhausted";
-            return self.router_error(key, 503, "unavailable", message, Some(model));
+    }
+
+    /// Queues a routed request with its model's scheduler, or answers 503 when a shutdown has
+    /// begun, the buffered-bytes budget is spent or the model's inbox is full.
+    fn queue(&mut self, key: usize, route: Route, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let gen = cx.gen;
+        let Route { model, session, body_len } = route;
+        let slot = self.conns[key].req.expect("a request");
+        let held = self.requests[slot].raw_len as u64 + self.requests[slot].decoded.len() as u64;
+        let refused = if cx.shutting_down() {
+            Some("shutting down")
+        } else if self.buffered + held > gen.config.server.max_buffered_bytes {
+            Some("buffered request bytes budget exhausted")
+        } else {
+            None
+        };
+        if let Some(message) = refused {
+            return self.router_error(
+                key,
+                (503, "unavailable", message),
+                Some(model),
+                upstreams,
+                cx,
+            );
         }
         self.serial += 1;
-        let serial = self.serial << KEY_BITS | key as u64;
-        let id = RequestId::new(shard, serial);
-        let prompt = match &m.prompts {
-            Some(pool)
-                if m.config.queue.prefix_block_bytes as usize
-                    == self.prompt_hasher.block_bytes() =>
-            {
-                match pool.acquire() {
-                    Some(slot) => {
-                        let scratch = &self.prompt_scratch;
-                        pool.with(slot, |hashes| {
-                            hashes.clear();
-                            hashes.extend_from_slice(scratch);
-                        });
-                        slot
-                    }
-                    None => NO_PROMPT,
-                }
-            }
-            Some(pool) => {
-                // Another model's block size: a second pass at this model's.
-                let body = match req.decoder {
-                    Some(_) => &req.decoded[..],
-                    None => &c.rbuf[req.head.head_len..req.raw_len],
-                };
-                let block = m.config.queue.prefix_block_bytes as usize;
-                hash_prompt(pool, &mut self.prompt_hasher, block, body)
-            }
-            None => NO_PROMPT,
-        };
+        let id = RequestId::new(cx.shard, self.serial << KEY_BITS | key as u64);
+        let prompt = self.prompt_slot(key, model, cx);
         let arrival = Arrival {
             id,
             session,
             prompt_bytes: u32::try_from(body_len).unwrap_or(u32::MAX),
-            streaming: req.streaming,
+            streaming: self.requests[slot].streaming,
             prompt,
         };
-        if m.inbox.push_quiet(Input::Arrive(arrival)).is_err() {
-            if let (Some(pool), true) = (&m.prompts, prompt != NO_PROMPT) {
+        if cx.inputs.arrive(gen, model, Input::Arrive(arrival)).is_err() {
+            let pool = &gen.models[usize::from(model)].prompts;
+            if let (Some(pool), true) = (pool, prompt != NO_PROMPT) {
                 pool.release(prompt);
             }
-            let message = "the model's scheduler inbox is full";
-            return self.router_error(key, 503, "unavailable", message, Some(model));
+            let answer = (503, "unavailable", "the model's scheduler inbox is full");
+            return self.router_error(key, answer, Some(model), upstreams, cx);
         }
-        self.dirty[usize::from(model)] = true;
+        let req = &mut self.requests[slot];
         req.id = id;
         req.buffered = held;
-        c.phase = Phase::Queued;
+        self.conns[key].phase = Phase::Queued;
         self.buffered += held;
-        ShardMetrics::set(&self.metrics.buffered, self.buffered);
+        ShardMetrics::set(&cx.metrics.buffered, self.buffered);
+    }
+
+    /// S16: the pool slot holding the request's prompt block hashes, or [`NO_PROMPT`] when its
+    /// model hashes no prompts or the pool is exhausted.
+    fn prompt_slot(&mut self, key: usize, model: u16, cx: &Cx) -> u32 {
+        let m = &cx.gen.models[usize::from(model)];
+        let Some(pool) = &m.prompts else { return NO_PROMPT };
+        let block = m.config.queue.prefix_block_bytes as usize;
+        if block == self.prompt_hasher.block_bytes() {
+            // The scan hashed at this model's block size: its hashes go into the slot.
+            let Some(slot) = pool.acquire() else { return NO_PROMPT };
+            let scratch = &self.prompt_scratch;
+            pool.with(slot, |hashes| {
+                hashes.clear();
+                hashes.extend_from_slice(scratch);
+            });
+            return slot;
+        }
+        // Another model's block size: a second pass at this model's.
+        let c = &self.conns[key];
+        let body = self.requests[c.req.expect("a request")].body(&c.rbuf);
+        hash_prompt(pool, &mut self.prompt_hasher, block, body)
     }
 
     /// A scheduler's decision about one of this shard's requests.
-    pub(super) fn decision(&mut self, output: Output) {
-        // An admission may name a backend that a reload added and this shard has not seen yet.
-        self.refresh();
+    pub(super) fn decision(&mut self, output: Output, upstreams: &mut Upstreams, cx: &mut Cx) {
         let id = match output {
             Output::Admit { id, .. } | Output::Reject { id, .. } => id,
         };
         let key = (id.0 & ((1 << KEY_BITS) - 1)) as usize;
-        let Some(Conn::Client(c)) = self.conns.get_mut(key) else { return };
-        let current = c.phase == Phase::Queued && c.req.as_ref().is_some_and(|r| r.id == id);
+        let Some(c) = self.conns.get(key) else { return };
+        let current = c.phase == Phase::Queued && c.req.is_some_and(|s| self.requests[s].id == id);
         if !current {
             // The client left (a Cancel is on its way or was handled): nothing to do.
             return;
         }
-        let req = c.req.as_mut().expect("queued request");
+        let req = &mut self.requests[c.req.expect("queued request")];
         self.buffered -= std::mem::take(&mut req.buffered);
-        ShardMetrics::set(&self.metrics.buffered, self.buffered);
+        ShardMetrics::set(&cx.metrics.buffered, self.buffered);
         let model = req.model;
         match output {
             Output::Admit { backend, lane, waited, .. } => {
                 req.admission = Some(Admission { backend, lane, waited });
                 if let Some(m) = model {
-                    let wait = self.rate.duration(waited);
-                    self.metrics.models[usize::from(m)].queue_wait[lane as usize].observe(wait);
+                    let wait = cx.rate.duration(waited);
+                    cx.metrics.models[usize::from(m)].queue_wait[lane as usize].observe(wait);
                 }
-                self.forward(key);
+                upstreams.forward(key, self, cx);
             }
             Output::Reject { reason, .. } => {
-                let (status, code, message) = match reason {
-                    RejectReason::QueueTimeout => {
-                        (504, "queue_timeout", "waited in the queue longer than queue.timeout")
-                    }
-                    RejectReason::QueueFull => (429, "queue_full", "the model's queue is full"),
-                    RejectReason::ShuttingDown => (503, "unavailable", "shutting down"),
-                    RejectReason::RetriesExhausted => {
-                        (502, "upstream_error", "no backend could take the request")
-                    }
-                };
-                self.router_error(key, status, code, message, model);
+                self.router_error(key, rejection(reason), model, upstreams, cx);
             }
         }
     }
 
-    /// Writes a router answer with `status` and a JSON error body, then ends the request.
+    // ----- answers -----
+
+    /// Writes a router answer, an OpenAI-shaped JSON error counted for `model`, then ends the
+    /// request.
     pub(super) fn router_error(
         &mut self,
         key: usize,
-        status: u16,
-        code: &str,
-        message: &str,
+        answer: ErrorAnswer<'_>,
         model: Option<u16>,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
     ) {
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let keep_alive = c.req.as_ref().is_some_and(|r| r.keep_alive) && !c.closing;
-        let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
-        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
-        let keep_alive = keep_alive && !shutting;
-        let start = c.wbuf.len();
-        match connection_header(version, keep_alive) {
-            Some(h) => write_error(status, code, message, &mut c.wbuf, &[h]),
-            None => write_error(status, code, message, &mut c.wbuf, &[]),
-        }
-        if is_head_request(c) {
-            // RFC 9110 9.3.2: no content in an answer to HEAD (its Content-Length stays).
-            let head_end = c.wbuf[start..].windows(4).position(|w| w == b"\r\n\r\n");
-            c.wbuf.truncate(start + head_end.expect("write_error ends its head") + 4);
-        }
-        self.finish_response(key, status, keep_alive, model);
+        let shutting = cx.shutting_down();
+        let c = &mut self.conns[key];
+        let req = c.req.map(|slot| &self.requests[slot]);
+        let to = AnswerTo {
+            version: req.map_or(Version::Http11, |r| r.head.version),
+            keep_alive: req.is_some_and(|r| r.keep_alive) && !c.closing && !shutting,
+            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
+        };
+        write_router_error(&mut c.wbuf, answer, to);
+        self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
     }
 
     /// Writes a router answer with `status` and a JSON body, then ends the request.
-    pub(super) fn respond(&mut self, key: usize, status: u16, body: &[u8]) {
-        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let keep_alive = c.req.as_ref().is_some_and(|r| r.keep_alive) && !shutting;
-        let version = c.req.as_ref().map_or(Version::Http11, |r| r.head.version);
-        let w = &mut c.wbuf;
-        w.extend_from_slice(b"HTTP/1.1 ");
-        w.extend_from_slice(crate::protocol::decimal(u64::from(status), &mut [0; 20]));
-        w.push(b' ');
-        w.extend_from_slice(crate::protocol::reason_phrase(status).as_bytes());
-        w.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
-        w.extend_from_slice(crate::protocol::decimal(body.len() as u64, &mut [0; 20]));
-        w.extend_from_slice(b"\r\n");
-        if let Some((name, value)) = connection_header(version, keep_alive) {
-            w.extend_from_slice(name.as_bytes());
-            w.extend_from_slice(b": ");
-            w.extend_from_slice(value);
-            w.extend_from_slice(b"\r\n");
-        }
-        w.extend_from_slice(b"\r\n");
-        if !is_head_request(c) {
-            c.wbuf.extend_from_slice(body);
-        }
-        self.finish_response(key, status, keep_alive, None);
+    fn respond(
+        &mut self,
+        key: usize,
+        status: u16,
+        body: &[u8],
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        let shutting = cx.shutting_down();
+        let c = &mut self.conns[key];
+        let req = c.req.map(|slot| &self.requests[slot]);
+        let to = AnswerTo {
+            version: req.map_or(Version::Http11, |r| r.head.version),
+            keep_alive: req.is_some_and(|r| r.keep_alive) && !shutting,
+            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
+        };
+        write_json(&mut c.wbuf, status, body, to);
+        self.finish_response(key, status, to.keep_alive, None, upstreams, cx);
     }
 
     /// A framing error: answer and close (the connection cannot be trusted).
-    pub(super) fn protocol_error(&mut self, key: usize, e: ProtocolError, model: Option<u16>) {
-        let c = self.client(key);
-        write_protocol_error(e, &mut c.wbuf);
-        self.finish_response(key, e.status(), false, model);
+    fn protocol_error(
+        &mut self,
+        key: usize,
+        e: ProtocolError,
+        model: Option<u16>,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        write_protocol_error(e, &mut self.conns[key].wbuf);
+        self.finish_response(key, e.status(), false, model, upstreams, cx);
     }
 
     /// The router's response is in the write buffer: count it and flush it.
-    pub(super) fn finish_response(
+    fn finish_response(
         &mut self,
         key: usize,
         status: u16,
         keep_alive: bool,
         model: Option<u16>,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
     ) {
         match model {
-            Some(m) => self.metrics.models[usize::from(m)].count_status(status),
-            None => self.metrics.count_other_status(status),
+            Some(m) => cx.metrics.models[usize::from(m)].count_status(status),
+            None => cx.metrics.count_other_status(status),
         }
-        let c = self.client(key);
-        if let Some(req) = c.req.as_mut() {
-            req.status = status;
-            req.keep_alive = keep_alive;
-            req.complete = Some(false);
-        } else {
-            c.closing = true;
+        let c = &mut self.conns[key];
+        match c.req {
+            Some(slot) => {
+                let req = &mut self.requests[slot];
+                req.status = status;
+                req.keep_alive = keep_alive;
+                req.complete = Some(false);
+            }
+            None => c.closing = true,
         }
         c.closing |= !keep_alive;
         c.phase = Phase::Done;
-        self.set_timer(key, None);
-        self.flush_client(key);
+        self.set_timer(key, None, cx);
+        self.flush(key, upstreams, cx);
     }
 
-    /// Writes what the client's buffer holds; ends the request once its response is out.
-    pub(super) fn flush_client(&mut self, key: usize) {
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let mut progressed = false;
-        while c.wpos < c.wbuf.len() {
-            match c.stream.write(&c.wbuf[c.wpos..]) {
-                Ok(0) => {
-                    c.gone = true;
-                    break;
-                }
-                Ok(n) => {
-                    c.wpos += n;
-                    progressed = true;
-                    if let Some(req) = c.req.as_mut() {
-                        req.bytes_out += n as u64;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
-                    c.gone = true;
-                    break;
-                }
-            }
-        }
-        if c.wpos == c.wbuf.len() {
-            c.wbuf.clear();
-            c.wpos = 0;
+    /// Writes what the client's buffer holds; ends the request once its response is out, and
+    /// resumes a relay paused for this client once half its bytes are out.
+    pub(super) fn flush(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let c = &mut self.conns[key];
+        let written = c.write_out();
+        if let Some(slot) = c.req {
+            self.requests[slot].bytes_out += written;
         }
         if c.gone {
-            return self.client_gone(key);
+            return self.gone(key, upstreams, cx);
         }
         let pending = c.wbuf.len() - c.wpos;
         // A client that stops reading its response: the send timeout is `idle_timeout`, from
         // the last byte it accepted.
         let sending = matches!(c.phase, Phase::Upstream(_) | Phase::Done);
-        if sending && pending > 0 && (progressed || c.timer.is_none()) {
-            let deadline = self.clock.now() + self.timeouts.idle;
-            self.set_timer(key, Some(deadline));
+        if sending && pending > 0 && (written > 0 || c.timer.is_none()) {
+            let deadline = cx.now() + cx.timeouts.idle;
+            self.set_timer(key, Some(deadline), cx);
         } else if sending && pending == 0 && c.timer.is_some() {
-            self.set_timer(key, None);
+            self.set_timer(key, None, cx);
         }
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        match c.phase {
-            Phase::Done if pending == 0 => self.end_request(key),
+        match self.conns[key].phase {
+            Phase::Done if pending == 0 => self.end_request(key, cx),
             Phase::Upstream(up) if pending < CLIENT_HIGH_WATER / 2 => {
-                if matches!(self.conns.get(up), Some(Conn::Upstream(u)) if u.paused) {
-                    self.upstream(up).paused = false;
-                    self.upstream_readable(up);
-                }
+                upstreams.resume(up, self, cx);
             }
             _ => {}
         }
     }
 
+    // ----- ending requests -----
+
     /// The response is flushed: report the end to the scheduler, then serve the next request
     /// on the connection or close it.
-    pub(super) fn end_request(&mut self, key: usize) {
-        let now = self.clock.now();
-        let c = self.client(key);
-        let Some(req) = c.req.take() else {
+    fn end_request(&mut self, key: usize, cx: &mut Cx) {
+        let now = cx.now();
+        let Some(slot) = self.conns[key].req.take() else {
             // An answer without a request (a malformed head, a 408 before one): it closes, and
             // the client may still be sending.
-            return self.linger(key);
+            return self.linger(key, cx);
         };
-        if let (Some(admission), Some(model)) = (req.admission, req.model) {
+        let req = &self.requests[slot];
+        if let (Some(_), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
-            let _ = admission;
             let seen = req.usage.usage();
             let usage = Usage {
                 prompt_tokens: seen.prompt_tokens.unwrap_or(0),
                 cached_tokens: seen.cached_tokens.unwrap_or(Usage::UNKNOWN_CACHED),
             };
-            self.send(model, Input::Complete { id: req.id, success, usage });
+            cx.send(model, Input::Complete { id: req.id, success, usage });
         }
         if let Some(model) = req.model {
-            let elapsed = self.rate.duration(now.saturating_sub(req.started));
-            self.metrics.models[usize::from(model)].duration.observe(elapsed);
+            let elapsed = cx.rate.duration(now.saturating_sub(req.started));
+            cx.metrics.models[usize::from(model)].duration.observe(elapsed);
         }
         let outcome = match (req.failure, req.ttfb) {
             (Some(kind), _) => Outcome::UpstreamFailed(kind),
             (None, Some(_)) => Outcome::Relayed,
             (None, None) => Outcome::Router,
         };
-        self.log_request(key, &req, outcome, now);
-        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
-        let c = self.client(key);
-        let closing = c.closing || !req.keep_alive || shutting;
-        if closing {
-            return self.linger(key);
+        self.log_request(key, slot, outcome, now, cx);
+        let (raw_len, keep_alive) = (self.requests[slot].raw_len, self.requests[slot].keep_alive);
+        self.requests.release(slot);
+        if self.conns[key].closing || !keep_alive || cx.shutting_down() {
+            return self.linger(key, cx);
         }
-        // Drop the request's bytes; a pipelined request may follow.
-        let used = req.raw_len.min(c.rlen);
+        self.next_request(key, raw_len, now, cx);
+    }
+
+    /// Drops the bytes of the request that ended (`used`) and waits for the next one: a
+    /// pipelined request may be buffered already.
+    fn next_request(&mut self, key: usize, used: usize, now: Tick, cx: &mut Cx) {
+        let c = &mut self.conns[key];
+        let used = used.min(c.rlen);
         c.rbuf.copy_within(used..c.rlen, 0);
         c.rlen -= used;
         c.phase = Phase::Head;
@@ -569,13 +803,12 @@ impl Shard {
         let pending = c.rlen > 0;
         let undrained = c.undrained;
         let wait = match (pending, c.holds_buffers()) {
-            (true, _) => self.timeouts.header,
-            // The first expiry releases the buffers (see `Shard::expired`).
-            (false, true) => self.timeouts.idle.min(self.rate.ticks(IDLE_RELEASE)),
-            (false, false) => self.timeouts.idle,
+            (true, _) => cx.timeouts.header,
+            // The first expiry releases the buffers (see `expired`).
+            (false, true) => cx.timeouts.idle.min(cx.rate.ticks(IDLE_RELEASE)),
+            (false, false) => cx.timeouts.idle,
         };
-        let deadline = now + wait;
-        self.set_timer(key, Some(deadline));
+        self.set_timer(key, Some(now + wait), cx);
         // A pipelined request may be buffered, or bytes may wait in the socket that no edge
         // will announce (the last read stopped at the limit): the loop reads the connection
         // again, not this call, so a long pipeline is served iteratively, not by recursion.
@@ -586,38 +819,33 @@ impl Shard {
     }
 
     /// The client closed or failed: drop its request the way its phase requires (S10).
-    pub(super) fn client_gone(&mut self, key: usize) {
-        let Some(Conn::Client(c)) = self.conns.get_mut(key) else { return };
+    pub(super) fn gone(&mut self, key: usize, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let Some(c) = self.conns.get_mut(key) else { return };
         c.gone = true;
         let phase = c.phase;
-        let req = c.req.take();
-        if let Some(mut req) = req {
-            self.log_request(key, &req, Outcome::ClientGone, self.clock.now());
+        if let Some(slot) = c.req.take() {
+            self.log_request(key, slot, Outcome::ClientGone, cx.now(), cx);
+            let req = &mut self.requests[slot];
             self.buffered -= std::mem::take(&mut req.buffered);
-            ShardMetrics::set(&self.metrics.buffered, self.buffered);
+            ShardMetrics::set(&cx.metrics.buffered, self.buffered);
+            let (id, admitted) = (req.id, req.admission.is_some());
+            let ended = Input::Complete { id, success: false, usage: Usage::NONE };
             match (phase, req.model) {
                 (Phase::Queued, Some(model)) => {
-                    ShardMetrics::bump(&self.metrics.clients_gone);
-                    self.send(model, Input::Cancel(req.id));
+                    ShardMetrics::bump(&cx.metrics.clients_gone);
+                    cx.send(model, Input::Cancel(id));
                 }
                 (Phase::Upstream(up), Some(model)) => {
-                    ShardMetrics::bump(&self.metrics.clients_gone);
-                    self.close_upstream(up);
-                    self.send(
-                        model,
-                        Input::Complete { id: req.id, success: false, usage: Usage::NONE },
-                    );
+                    ShardMetrics::bump(&cx.metrics.clients_gone);
+                    upstreams.close(up, cx);
+                    cx.send(model, ended);
                 }
-                (Phase::Done, Some(model)) if req.admission.is_some() => {
-                    self.send(
-                        model,
-                        Input::Complete { id: req.id, success: false, usage: Usage::NONE },
-                    );
-                }
+                (Phase::Done, Some(model)) if admitted => cx.send(model, ended),
                 _ => {}
             }
+            self.requests.release(slot);
         }
-        self.close_client(key);
+        self.close(key, cx);
     }
 
     /// Closes a client connection whose last answer is flushed without destroying that answer:
@@ -629,51 +857,51 @@ impl Shard {
     /// closes or [`LINGER`] passes (RFC 9112 9.6, nginx's lingering close). The connection
     /// still counts towards `max_connections` meanwhile. During a drain (S13) it closes at
     /// once instead: lingering must not hold the shutdown up.
-    pub(super) fn linger(&mut self, key: usize) {
-        let shutting = self.shared.shutting_down.load(Ordering::Acquire);
-        let c = self.client(key);
+    fn linger(&mut self, key: usize, cx: &mut Cx) {
+        let shutting = cx.shutting_down();
+        let c = &mut self.conns[key];
         if c.gone || c.hup || shutting {
-            return self.close_client(key);
+            return self.close(key, cx);
         }
         let _ = c.stream.shutdown(Shutdown::Write);
         c.phase = Phase::Lingering;
         c.rlen = 0;
-        let deadline = self.clock.now() + self.rate.ticks(LINGER);
-        self.set_timer(key, Some(deadline));
-        self.discard_input(key);
+        let deadline = cx.now() + cx.rate.ticks(LINGER);
+        self.set_timer(key, Some(deadline), cx);
+        self.discard_input(key, cx);
     }
 
     /// Reads and drops a lingering connection's input; closes it at the client's end.
-    fn discard_input(&mut self, key: usize) {
-        let Conn::Client(c) = &mut self.conns[key] else { return };
+    fn discard_input(&mut self, key: usize, cx: &mut Cx) {
+        let c = &mut self.conns[key];
         if read_away(&mut c.stream, &mut self.scratch) {
-            self.client(key).gone = true;
-            self.close_client(key);
+            c.gone = true;
+            self.close(key, cx);
         }
     }
 
-    pub(super) fn close_client(&mut self, key: usize) {
-        self.set_timer(key, None);
-        if let Some(Conn::Client(mut c)) = self.conns.try_remove(key) {
-            let _ = self.poll.registry().deregister(&mut c.stream);
-            if !c.gone {
-                discard_unread(&mut c.stream, &mut self.scratch);
-            }
-            if let Some(mut req) = c.req.take() {
-                self.buffered -= std::mem::take(&mut req.buffered);
-                ShardMetrics::set(&self.metrics.buffered, self.buffered);
-            }
-            self.clients -= 1;
-            ShardMetrics::set(&self.metrics.open, self.clients as u64);
+    fn close(&mut self, key: usize, cx: &mut Cx) {
+        self.set_timer(key, None, cx);
+        let Some(mut c) = self.conns.try_remove(key) else { return };
+        let _ = cx.registry.deregister(&mut c.stream);
+        if !c.gone {
+            discard_unread(&mut c.stream, &mut self.scratch);
         }
+        if let Some(slot) = c.req.take() {
+            self.buffered -= std::mem::take(&mut self.requests[slot].buffered);
+            ShardMetrics::set(&cx.metrics.buffered, self.buffered);
+            self.requests.release(slot);
+        }
+        self.open -= 1;
+        ShardMetrics::set(&cx.metrics.open, self.open as u64);
     }
 
-    /// Appends the access-log line of `req`, which ended with `outcome` at `now` (a no-op
-    /// when the log is off).
-    pub(super) fn log_request(&mut self, key: usize, req: &Request, outcome: Outcome, now: Tick) {
+    /// Appends the access-log line of the request in `slot`, which ended with `outcome` at
+    /// `now` (a no-op when the log is off).
+    fn log_request(&mut self, key: usize, slot: u32, outcome: Outcome, now: Tick, cx: &Cx) {
         let Some(log) = &self.log else { return };
-        let Some(Conn::Client(c)) = self.conns.get(key) else { return };
-        let gen = &self.gen;
+        let Some(c) = self.conns.get(key) else { return };
+        let (gen, req) = (cx.gen, &self.requests[slot]);
         let model = req.model.map(|m| &gen.models[usize::from(m)]);
         let session = match model {
             Some(m) if m.session_header != gen.limits.session_header => {
@@ -700,9 +928,9 @@ impl Shard {
                 .map(|(m, a)| m.backends[usize::from(a.backend)].authority.as_str()),
             status: req.status,
             lane: admission.map(|a| a.lane),
-            queue_wait: admission.map(|a| self.rate.duration(a.waited)),
-            ttfb: req.ttfb.map(|t| self.rate.duration(t)),
-            total: self.rate.duration(now.saturating_sub(req.started)),
+            queue_wait: admission.map(|a| cx.rate.duration(a.waited)),
+            ttfb: req.ttfb.map(|t| cx.rate.duration(t)),
+            total: cx.rate.duration(now.saturating_sub(req.started)),
             bytes_in: (req.raw_len.min(c.rlen)) as u64,
             bytes_out: req.bytes_out,
             outcome,
@@ -722,46 +950,4 @@ fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body:
     }
     pool.with(slot, |hashes| hasher.hash_body(body, hashes));
     slot
-}
-
-/// Whether the client's current request is a `HEAD` (its answer carries no content).
-fn is_head_request(c: &Client) -> bool {
-    c.req.as_ref().is_some_and(|r| r.head.method(&c.rbuf) == b"HEAD")
-}
-
-/// Bytes of unread input discarded at most before closing a client connection, and per read
-/// event of a lingering one.
-const DISCARD_MAX: usize = 256 << 10;
-
-/// Half-closes `stream` and reads away the input that has already arrived, at most
-/// [`DISCARD_MAX`] bytes, before it is dropped: closing a socket with unread input makes the
-/// kernel send a reset instead of a FIN, and a reset discards the responses still queued for
-/// the client (the answers to pipelined requests before a malformed one, or the 400, 408 or
-/// 413 itself). RFC 9112 9.6 asks for this "lingering close"; input that arrives after the
-/// close can still reset the connection, as with any server that does not keep the socket.
-pub(super) fn discard_unread(stream: &mut TcpStream, scratch: &mut Vec<u8>) {
-    let _ = stream.shutdown(Shutdown::Write);
-    read_away(stream, scratch);
-}
-
-/// Reads and drops what `stream` holds, at most [`DISCARD_MAX`] bytes (a flood's next bytes
-/// bring a new edge); true when the peer closed or the connection failed.
-fn read_away(stream: &mut TcpStream, scratch: &mut Vec<u8>) -> bool {
-    scratch.clear();
-    scratch.resize(16 << 10, 0);
-    let mut discarded = 0;
-    let closed = loop {
-        if discarded >= DISCARD_MAX {
-            break false;
-        }
-        match stream.read(scratch) {
-            Ok(0) => break true,
-            Ok(n) => discarded += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => break true,
-        }
-    };
-    scratch.clear();
-    closed
 }

@@ -1,101 +1,80 @@
-//! The upstream side of a shard: forwarding admitted requests over pooled or new
-//! connections, relaying responses as they arrive, retries and failures (SPEC 2.6-2.9).
+//! The upstream side of a shard, [`Upstreams`]: its connections to the backends and their
+//! keep-alive pools, forwarding admitted requests over pooled or new connections, relaying
+//! responses as they arrive, retries and failures (SPEC 2.6-2.9). An exchange's client side is
+//! [`Clients`]': the relay writes into the client's buffer and hands the flush to it.
 
-use super::*;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
 
-impl Shard {
-    /// Sends the admitted request of client `key` to its backend over a pooled or new
-    /// connection.
-    pub(super) fn forward(&mut self, key: usize) {
-        let gen = Arc::clone(&self.gen);
-        let Conn::Client(c) = &mut self.conns[key] else { return };
-        let req = c.req.as_mut().expect("an admitted request");
-        let model = req.model.expect("an inference request");
-        let admission = req.admission.expect("admitted");
-        let m = &gen.models[usize::from(model)];
-        let backend = &m.backends[usize::from(admission.backend)];
-        let body = request_body(req, &c.rbuf);
-        let mut out = std::mem::take(&mut self.scratch);
-        out.clear();
-        // Only the head is built here: the body goes out from the client's buffer, the model
-        // token replaced on the way when rewriting (see `flush_upstream`), never copied.
-        let body_len = match &m.upstream_model_json {
-            Some(json) => body.len() - req.model_token.len() + json.len(),
-            None => body.len(),
-        };
-        let mut request_id = [0u8; 19];
-        let request_id = format_request_id(req.id, &mut request_id);
-        let info = ForwardInfo {
-            client_addr: c.peer,
-            request_id,
-            default_host: backend.authority.as_bytes(),
-            body_len: body_len as u64,
-        };
-        write_upstream_head(&req.head, &c.rbuf, &mut out, &info);
-        let was_head = req.head.method(&c.rbuf) == b"HEAD";
-        req.forwarded_at = self.clock.now();
-        let addr = backend.addr;
-        let up = match self.pools[usize::from(model)][usize::from(admission.backend)].pop() {
-            Some(up) => {
-                self.set_timer(up, None);
-                up
-            }
-            None => match self.connect(model, admission.backend, addr) {
-                Ok(up) => up,
-                Err(_) => {
-                    self.scratch = out;
-                    return self.upstream_failed_before_connect(key, model, admission.backend);
-                }
-            },
-        };
-        let u = self.upstream(up);
-        u.client = key;
-        // The request bytes move into the connection; its old buffer becomes the scratch.
-        std::mem::swap(&mut u.wbuf, &mut out);
-        out.clear();
-        u.wpos = 0;
-        u.rlen = 0;
-        u.eof = false;
-        u.framing = None;
-        u.body = BodyRelay::default();
-        u.got_bytes = false;
-        u.paused = false;
-        u.request_was_head = was_head;
-        let connecting = u.state == UpState::Connecting;
-        if !connecting {
-            u.state = UpState::Busy;
-        }
-        self.scratch = out;
-        self.client(key).phase = Phase::Upstream(up);
-        let now = self.clock.now();
-        let deadline = match connecting {
-            true => now + self.timeouts.connect,
-            false => now + self.timeouts.upstream_header,
-        };
-        self.set_timer(up, Some(deadline));
-        if !connecting {
-            self.flush_upstream(up);
-        }
-    }
+use mio::net::TcpStream;
+use mio::Interest;
+use slab::Slab;
 
-    /// Opens a connection to a backend; it is `Connecting` until writable.
-    pub(super) fn connect(
-        &mut self,
-        model: u16,
-        backend: u16,
-        addr: std::net::SocketAddr,
-    ) -> io::Result<usize> {
-        let mut stream = TcpStream::connect(addr)?;
-        let entry = self.conns.vacant_entry();
-        let key = entry.key();
-        let interest = Interest::READABLE | Interest::WRITABLE;
-        self.poll.registry().register(&mut stream, Token(key), interest)?;
-        entry.insert(Conn::Upstream(Upstream {
+use crate::clock::Tick;
+use crate::protocol::{
+    parse_response_head, write_client_response_head, write_upstream_head, BodyRelay, ClientInfo,
+    ForwardInfo, RelayPlan, ResponseFraming,
+};
+use crate::scheduler::{Input, Lane};
+use crate::server::metrics::UpstreamError;
+use crate::server::Generation;
+use crate::wheel::TimerKey;
+
+use super::client::Clients;
+use super::connection::{Client, Phase};
+use super::request::{format_request_id, Request};
+use super::{Cx, Owner, CLIENT_HIGH_WATER, READ_CHUNK};
+
+/// `Upstream::client` of a connection that serves no client.
+const NO_CLIENT: usize = usize::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpState {
+    Connecting,
+    Busy,
+    Idle,
+}
+
+/// A connection to a backend.
+#[derive(Debug)]
+struct Upstream {
+    stream: TcpStream,
+    model: u16,
+    backend: u16,
+    state: UpState,
+    /// The client key while busy ([`NO_CLIENT`] otherwise).
+    client: usize,
+    /// Taken from the pool (the connection served a request before).
+    reused: bool,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    rbuf: Vec<u8>,
+    rlen: usize,
+    eof: bool,
+    /// epoll reported the peer's FIN: read to the end, short reads included.
+    hup: bool,
+    timer: Option<TimerKey>,
+    /// Response head parsed: its framing upstream, and the relay plan to the client.
+    framing: Option<ResponseFraming>,
+    plan: RelayPlan,
+    /// The body being relayed (framing, bytes left, chunked decoder).
+    body: BodyRelay,
+    keep_alive: bool,
+    /// Any response byte received (then nothing is retryable).
+    got_bytes: bool,
+    /// Stopped reading because the client's buffer is full.
+    paused: bool,
+    request_was_head: bool,
+}
+
+impl Upstream {
+    fn new(stream: TcpStream, model: u16, backend: u16) -> Upstream {
+        Upstream {
             stream,
             model,
             backend,
             state: UpState::Connecting,
-            client: usize::MAX,
+            client: NO_CLIENT,
             reused: false,
             wbuf: Vec::new(),
             wpos: 0,
@@ -111,33 +90,316 @@ impl Shard {
             got_bytes: false,
             paused: false,
             request_was_head: false,
-        }));
+        }
+    }
+
+    /// Starts an exchange for client `client`: the request head in `head` moves into the
+    /// connection, and its old buffer comes back in `head`, emptied.
+    fn start(&mut self, client: usize, head: &mut Vec<u8>, was_head: bool) {
+        self.client = client;
+        std::mem::swap(&mut self.wbuf, head);
+        head.clear();
+        self.wpos = 0;
+        self.rlen = 0;
+        self.eof = false;
+        self.framing = None;
+        self.body = BodyRelay::default();
+        self.got_bytes = false;
+        self.paused = false;
+        self.request_was_head = was_head;
+        if self.state != UpState::Connecting {
+            self.state = UpState::Busy;
+        }
+    }
+
+    /// Parses the response head once it is complete and writes the client's head (S12's debug
+    /// headers when `server.debug_headers`); `Relayed` with the head's length.
+    fn relay_head(&mut self, c: &mut Client, req: &mut Request, cx: &mut Cx) -> HeadRelay {
+        let gen = cx.gen;
+        let max_head = gen.config.server.max_header_bytes as usize;
+        let parsed = parse_response_head(&self.rbuf[..self.rlen], max_head, self.request_was_head);
+        let head = match parsed {
+            Ok(Some(head)) => head,
+            Ok(None) => return HeadRelay::Incomplete,
+            Err(_) => return HeadRelay::Malformed,
+        };
+        if head.is_interim() {
+            if head.status == 101 {
+                return HeadRelay::Malformed;
+            }
+            self.rbuf.copy_within(head.head_len..self.rlen, 0);
+            self.rlen -= head.head_len;
+            return HeadRelay::Interim;
+        }
+        let model = usize::from(self.model);
+        let ttfb = cx.now().saturating_sub(req.forwarded_at);
+        req.ttfb = Some(ttfb);
+        cx.metrics.models[model].ttfb.observe(cx.rate.duration(ttfb));
+        // During a drain (S13) the connection closes after this response.
+        let keep_alive = req.keep_alive && !cx.shutting_down();
+        let client = ClientInfo { version: req.head.version, keep_alive };
+        let admission = req.admission.expect("admitted");
+        let mut wait = [0u8; 20];
+        let wait = crate::protocol::decimal(
+            u64::try_from(cx.rate.duration(admission.waited).as_micros()).unwrap_or(u64::MAX),
+            &mut wait,
+        );
+        let backend = &gen.models[model].backends[usize::from(admission.backend)];
+        let debug: [(&str, &[u8]); 3] = [
+            ("x-warmpath-lane", lane_name(admission.lane)),
+            ("x-warmpath-queue-wait-us", wait),
+            ("x-warmpath-backend", backend.authority.as_bytes()),
+        ];
+        let extra: &[(&str, &[u8])] = if gen.config.server.debug_headers { &debug } else { &[] };
+        let plan = write_client_response_head(&head, &self.rbuf, &mut c.wbuf, &client, extra);
+        self.plan = plan;
+        self.framing = Some(head.framing);
+        self.keep_alive = head.keep_alive;
+        self.body = BodyRelay::new(head.framing, plan.framing);
+        req.usage.reset();
+        req.status = head.status;
+        req.keep_alive = plan.keep_alive;
+        if let Some(timer) = self.timer.take() {
+            cx.wheel.cancel(timer);
+        }
+        cx.metrics.models[model].count_status(head.status);
+        HeadRelay::Relayed(head.head_len)
+    }
+}
+
+/// What reading a response head came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadRelay {
+    /// Not all of it is here yet.
+    Incomplete,
+    /// A 1xx (other than 101) was skipped; the real head follows.
+    Interim,
+    Malformed,
+    /// Relayed to the client; the head was this many bytes.
+    Relayed(usize),
+}
+
+/// The `x-warmpath-lane` value of a lane.
+fn lane_name(lane: Lane) -> &'static [u8] {
+    match lane {
+        Lane::Retry | Lane::Normal => b"normal",
+        Lane::Boosted => b"boosted",
+        Lane::Forced => b"forced",
+    }
+}
+
+/// How an upstream exchange ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Nothing was received: the request may go elsewhere.
+    Retryable(UpstreamError),
+    /// Answer 502 if nothing was relayed yet, else cut the client stream.
+    Fatal(UpstreamError),
+}
+
+/// The upstream connections and their keep-alive pools.
+///
+/// Client and upstream connections are in two slabs, one per room, rather than one slab of
+/// both: each room then owns its connections, and the relay, which moves bytes from an
+/// upstream connection's buffer to its client's, borrows one from each slab instead of two
+/// entries of one slab (`get2_mut`) and a match on what each entry is. The cost is a tag bit
+/// in the tokens and timers ([`Owner`]).
+#[derive(Debug)]
+pub(super) struct Upstreams {
+    conns: Slab<Upstream>,
+    /// Idle connections, `[model][backend]`.
+    pools: Vec<Vec<Vec<usize>>>,
+    /// The head of the request being forwarded (it swaps with the connection's old write
+    /// buffer), and the relay's decoding scratch.
+    scratch: Vec<u8>,
+}
+
+impl Upstreams {
+    pub(super) fn new(gen: &Generation) -> Upstreams {
+        Upstreams {
+            conns: Slab::new(),
+            pools: gen.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect(),
+            scratch: Vec::with_capacity(16 << 10),
+        }
+    }
+
+    /// A new generation: pools for its models and backends; idle connections to the backends
+    /// it removed close.
+    pub(super) fn adopt(&mut self, cx: &mut Cx) {
+        for (index, model) in cx.gen.models.iter().enumerate() {
+            if index == self.pools.len() {
+                self.pools.push(Vec::new());
+            }
+            self.pools[index].resize(model.backends.len(), Vec::new());
+            for (backend, addr) in model.backends.iter().enumerate() {
+                if !addr.live {
+                    while let Some(up) = self.pools[index][backend].pop() {
+                        self.close(up, cx);
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_timer(&mut self, up: usize, deadline: Option<Tick>, cx: &mut Cx) {
+        if let Some(u) = self.conns.get_mut(up) {
+            cx.set_timer(&mut u.timer, Owner::Upstream(up), deadline);
+        }
+    }
+
+    // ----- forwarding -----
+
+    /// Sends the admitted request of client `key` to its backend over a pooled or new
+    /// connection.
+    pub(super) fn forward(&mut self, key: usize, clients: &mut Clients, cx: &mut Cx) {
+        let gen = cx.gen;
+        let (c, req) = clients.exchange(key).expect("a client to forward for");
+        let model = req.model.expect("an inference request");
+        let admission = req.admission.expect("admitted");
+        let m = &gen.models[usize::from(model)];
+        let backend = &m.backends[usize::from(admission.backend)];
+        let body = req.body(&c.rbuf);
+        let mut head = std::mem::take(&mut self.scratch);
+        head.clear();
+        // Only the head is built here: the body goes out from the client's buffer, the model
+        // token replaced on the way when rewriting (see `flush`), never copied.
+        let body_len = match &m.upstream_model_json {
+            Some(json) => body.len() - req.model_token.len() + json.len(),
+            None => body.len(),
+        };
+        let mut request_id = [0u8; 19];
+        let request_id = format_request_id(req.id, &mut request_id);
+        let info = ForwardInfo {
+            client_addr: c.peer,
+            request_id,
+            default_host: backend.authority.as_bytes(),
+            body_len: body_len as u64,
+        };
+        write_upstream_head(&req.head, &c.rbuf, &mut head, &info);
+        let was_head = req.is_head(&c.rbuf);
+        req.forwarded_at = cx.now();
+        let up = match self.pools[usize::from(model)][usize::from(admission.backend)].pop() {
+            Some(up) => {
+                self.set_timer(up, None, cx);
+                up
+            }
+            None => match self.connect(model, admission.backend, backend.addr, cx) {
+                Ok(up) => up,
+                Err(_) => {
+                    self.scratch = head;
+                    return self.failed_before_connect(key, model, admission.backend, clients, cx);
+                }
+            },
+        };
+        let u = &mut self.conns[up];
+        u.start(key, &mut head, was_head);
+        let connecting = u.state == UpState::Connecting;
+        self.scratch = head;
+        clients.exchange(key).expect("the client forwarded for").0.phase = Phase::Upstream(up);
+        let wait = if connecting { cx.timeouts.connect } else { cx.timeouts.upstream_header };
+        let deadline = cx.now() + wait;
+        self.set_timer(up, Some(deadline), cx);
+        if !connecting {
+            self.flush(up, clients, cx);
+        }
+    }
+
+    /// Opens a connection to a backend; it is `Connecting` until writable.
+    fn connect(
+        &mut self,
+        model: u16,
+        backend: u16,
+        addr: SocketAddr,
+        cx: &Cx,
+    ) -> io::Result<usize> {
+        let mut stream = TcpStream::connect(addr)?;
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        if key >= Owner::UPSTREAM {
+            return Err(io::Error::other("no upstream token left"));
+        }
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        cx.registry.register(&mut stream, Owner::Upstream(key).token(), interest)?;
+        entry.insert(Upstream::new(stream, model, backend));
         Ok(key)
     }
 
     /// `connect` itself failed: retry through the scheduler.
-    pub(super) fn upstream_failed_before_connect(&mut self, key: usize, model: u16, backend: u16) {
-        self.metrics.models[usize::from(model)]
-            .count_upstream_error(backend, UpstreamError::Connect);
-        self.retry(key);
+    fn failed_before_connect(
+        &mut self,
+        key: usize,
+        model: u16,
+        backend: u16,
+        clients: &mut Clients,
+        cx: &mut Cx,
+    ) {
+        cx.metrics.models[usize::from(model)].count_upstream_error(backend, UpstreamError::Connect);
+        self.retry(key, clients, cx);
     }
 
     /// Sends the request back to its scheduler for another backend (SPEC 2.8).
-    pub(super) fn retry(&mut self, key: usize) {
-        let c = self.client(key);
-        let req = c.req.as_mut().expect("an admitted request");
+    fn retry(&mut self, key: usize, clients: &mut Clients, cx: &mut Cx) {
+        let (c, req) = clients.exchange(key).expect("a client to retry for");
         req.admission = None;
         req.reconnected = false;
-        let id = req.id;
-        let model = req.model.expect("an inference request");
+        let (id, model) = (req.id, req.model.expect("an inference request"));
         c.phase = Phase::Queued;
-        self.send(model, Input::Retry(id));
+        cx.send(model, Input::Retry(id));
     }
 
-    // ----- upstream side -----
+    /// Forwards the client's request again over a new connection (the pool is skipped).
+    fn forward_fresh(&mut self, key: usize, clients: &mut Clients, cx: &mut Cx) {
+        let (c, req) = clients.exchange(key).expect("a client to forward for");
+        let model = usize::from(req.model.expect("model"));
+        let backend = usize::from(req.admission.expect("admitted").backend);
+        c.phase = Phase::Queued;
+        // Drain the pool of that backend: its other idle connections are likely dead too.
+        while let Some(up) = self.pools[model][backend].pop() {
+            self.close(up, cx);
+        }
+        self.forward(key, clients, cx);
+    }
 
-    pub(super) fn upstream_writable(&mut self, up: usize) {
-        let u = self.upstream(up);
+    // ----- events -----
+
+    /// A readiness event of connection `up`.
+    pub(super) fn ready(
+        &mut self,
+        up: usize,
+        readable: bool,
+        writable: bool,
+        hup: bool,
+        clients: &mut Clients,
+        cx: &mut Cx,
+    ) {
+        let Some(u) = self.conns.get_mut(up) else { return };
+        u.hup |= hup;
+        if writable {
+            self.writable(up, clients, cx);
+        }
+        if readable && self.conns.contains(up) {
+            self.readable(up, clients, cx);
+        }
+    }
+
+    /// Connection `up`'s timer fired.
+    pub(super) fn expired(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
+        let Some(u) = self.conns.get_mut(up) else { return };
+        u.timer = None;
+        match u.state {
+            UpState::Connecting => {
+                self.failed(up, Failure::Retryable(UpstreamError::Connect), clients, cx);
+            }
+            UpState::Busy if u.framing.is_none() => {
+                self.failed(up, Failure::Fatal(UpstreamError::Timeout), clients, cx);
+            }
+            UpState::Idle => self.close(up, cx),
+            UpState::Busy => {}
+        }
+    }
+
+    fn writable(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
+        let u = &mut self.conns[up];
         if u.state == UpState::Connecting {
             let failed = match u.stream.take_error() {
                 Ok(Some(_)) | Err(_) => true,
@@ -148,32 +410,27 @@ impl Shard {
                 },
             };
             if failed {
-                return self.upstream_failed(up, Failure::Retryable(UpstreamError::Connect));
+                return self.failed(up, Failure::Retryable(UpstreamError::Connect), clients, cx);
             }
             let _ = u.stream.set_nodelay(true);
-            u.state = if u.client == usize::MAX { UpState::Idle } else { UpState::Busy };
+            u.state = if u.client == NO_CLIENT { UpState::Idle } else { UpState::Busy };
             if u.state == UpState::Busy {
-                let deadline = self.clock.now() + self.timeouts.upstream_header;
-                self.set_timer(up, Some(deadline));
+                let deadline = cx.now() + cx.timeouts.upstream_header;
+                self.set_timer(up, Some(deadline), cx);
             }
         }
-        self.flush_upstream(up);
+        self.flush(up, clients, cx);
     }
 
     /// Writes the request to the backend: the head from the connection's buffer, then the body
     /// straight from the client's buffer (with the model token swapped for `upstream_model`'s),
     /// in vectored writes.
-    pub(super) fn flush_upstream(&mut self, up: usize) {
-        let gen = Arc::clone(&self.gen);
-        let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
-            return;
-        };
-        if u.state != UpState::Busy {
-            return;
-        }
-        let req = c.req.as_ref().expect("a forwarded request");
-        let body = request_body(req, &c.rbuf);
-        let parts: [&[u8]; 4] = match &gen.models[usize::from(u.model)].upstream_model_json {
+    fn flush(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
+        let Some(u) = self.conns.get_mut(up).filter(|u| u.state == UpState::Busy) else { return };
+        // A busy connection has a client; `NO_CLIENT` is no slab key.
+        let Some((c, req)) = clients.exchange(u.client) else { return };
+        let body = req.body(&c.rbuf);
+        let parts: [&[u8]; 4] = match &cx.gen.models[usize::from(u.model)].upstream_model_json {
             Some(json) => {
                 let token = req.model_token.clone();
                 [&u.wbuf, &body[..token.start], json, &body[token.end..]]
@@ -193,24 +450,25 @@ impl Shard {
                 skip = 0;
                 used += 1;
             }
+            let reset = Failure::Retryable(UpstreamError::Reset);
             match u.stream.write_vectored(&slices[..used]) {
-                Ok(0) => return self.upstream_failed(up, Failure::Retryable(UpstreamError::Reset)),
+                Ok(0) => return self.failed(up, reset, clients, cx),
                 Ok(n) => u.wpos += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
-                    return self.upstream_failed(up, Failure::Retryable(UpstreamError::Reset))
-                }
+                Err(_) => return self.failed(up, reset, clients, cx),
             }
         }
     }
 
+    // ----- the relay -----
+
     /// Reads what the backend sent. A busy connection relays each read as it arrives (SSE
     /// events are not held back); an idle pooled one that speaks or closes is dropped.
-    pub(super) fn upstream_readable(&mut self, up: usize) {
+    fn readable(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
         let mut failed = false;
         loop {
-            let Some(Conn::Upstream(u)) = self.conns.get_mut(up) else { return };
+            let Some(u) = self.conns.get_mut(up) else { return };
             if u.state == UpState::Connecting || u.paused {
                 return;
             }
@@ -224,17 +482,16 @@ impl Shard {
             let want = u.rbuf.len() - u.rlen;
             match u.stream.read(&mut u.rbuf[u.rlen..]) {
                 Ok(0) => u.eof = true,
-                Ok(_) if u.state == UpState::Idle => return self.close_upstream(up),
+                Ok(_) if u.state == UpState::Idle => return self.close(up, cx),
                 Ok(n) => {
                     u.rlen += n;
-                    self.relay(up);
-                    let busy = matches!(
-                        self.conns.get(up),
-                        Some(Conn::Upstream(u)) if u.state == UpState::Busy
-                    );
-                    let hup = matches!(self.conns.get(up), Some(Conn::Upstream(u)) if u.hup);
+                    self.relay(up, clients, cx);
+                    let (busy, hup) = match self.conns.get(up) {
+                        Some(u) => (u.state == UpState::Busy, u.hup),
+                        None => (false, false),
+                    };
                     if !busy || n < want && !hup {
-                        // Done, or a short read drained the socket (see `read_client`).
+                        // Done, or a short read drained the socket (see `Client::fill`).
                         return;
                     }
                 }
@@ -246,110 +503,70 @@ impl Shard {
                 }
             }
         }
-        let Some(Conn::Upstream(u)) = self.conns.get(up) else { return };
-        if u.state == UpState::Idle || u.client == usize::MAX {
-            return self.close_upstream(up);
+        self.ended(up, failed, clients, cx);
+    }
+
+    /// The backend closed (or the connection failed, `failed`): a close-delimited body ends
+    /// here; any other exchange in progress ends early.
+    fn ended(&mut self, up: usize, failed: bool, clients: &mut Clients, cx: &mut Cx) {
+        let Some(u) = self.conns.get(up) else { return };
+        if u.state == UpState::Idle || u.client == NO_CLIENT {
+            return self.close(up, cx);
         }
         if !failed {
-            // A close-delimited body ends here; anything else ends early.
-            self.relay(up);
+            self.relay(up, clients, cx);
         }
-        let Some(Conn::Upstream(u)) = self.conns.get(up) else { return };
-        if u.state == UpState::Busy && u.client != usize::MAX {
+        let Some(u) = self.conns.get(up) else { return };
+        if u.state == UpState::Busy && u.client != NO_CLIENT {
             let failure = match (u.got_bytes, u.framing) {
                 (false, _) => Failure::Retryable(UpstreamError::Reset),
                 (true, None) => Failure::Fatal(UpstreamError::Malformed),
                 (true, Some(_)) => Failure::Fatal(UpstreamError::Truncated),
             };
-            self.upstream_failed(up, failure);
+            self.failed(up, failure, clients, cx);
         }
     }
 
-    /// Moves response bytes from the backend's buffer to the client's, as the framing says.
-    pub(super) fn relay(&mut self, up: usize) {
-        let debug_headers = self.gen.config.server.debug_headers;
-        let gen = Arc::clone(&self.gen);
-        let shared = Arc::clone(&self.shared);
-        let max_head = gen.config.server.max_header_bytes as usize;
-        let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
-            return;
-        };
+    /// Resumes reading connection `up` if it paused for its client's full buffer.
+    pub(super) fn resume(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
+        if let Some(u) = self.conns.get_mut(up).filter(|u| u.paused) {
+            u.paused = false;
+            self.readable(up, clients, cx);
+        }
+    }
+
+    /// Moves response bytes from the backend's buffer to the client's, as the framing says,
+    /// and has the client flush them.
+    fn relay(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
+        let Some(u) = self.conns.get_mut(up) else { return };
+        let client = u.client;
+        // `NO_CLIENT` is no slab key: an upstream connection without a client relays nothing.
+        let Some((c, req)) = clients.exchange(client) else { return };
         if u.rlen > 0 {
             u.got_bytes = true;
         }
-        let req = c.req.as_mut().expect("a forwarded request");
-        let model = usize::from(u.model);
         let mut consumed = 0;
         if u.framing.is_none() {
-            let head = match parse_response_head(&u.rbuf[..u.rlen], max_head, u.request_was_head) {
-                Ok(Some(head)) => head,
-                Ok(None) => return,
-                Err(_) => {
-                    return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed))
+            match u.relay_head(c, req, cx) {
+                HeadRelay::Incomplete => return,
+                HeadRelay::Interim => return self.relay(up, clients, cx),
+                HeadRelay::Malformed => {
+                    let failure = Failure::Fatal(UpstreamError::Malformed);
+                    return self.failed(up, failure, clients, cx);
                 }
-            };
-            if head.is_interim() {
-                if head.status == 101 {
-                    return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed));
-                }
-                u.rbuf.copy_within(head.head_len..u.rlen, 0);
-                u.rlen -= head.head_len;
-                return self.relay(up);
+                HeadRelay::Relayed(head_len) => consumed = head_len,
             }
-            let now = self.clock.now();
-            let ttfb = now.saturating_sub(req.forwarded_at);
-            req.ttfb = Some(ttfb);
-            self.metrics.models[model].ttfb.observe(self.rate.duration(ttfb));
-            // During a drain (S13) the connection closes after this response.
-            let shutting = shared.shutting_down.load(Ordering::Acquire);
-            let client =
-                ClientInfo { version: req.head.version, keep_alive: req.keep_alive && !shutting };
-            let admission = req.admission.expect("admitted");
-            let mut wait = [0u8; 20];
-            let wait = crate::protocol::decimal(
-                u64::try_from(self.rate.duration(admission.waited).as_micros()).unwrap_or(u64::MAX),
-                &mut wait,
-            );
-            let backend =
-                gen.models[model].backends[usize::from(admission.backend)].authority.as_bytes();
-            let lane = match admission.lane {
-                Lane::Retry | Lane::Normal => b"normal".as_slice(),
-                Lane::Boosted => b"boosted",
-                Lane::Forced => b"forced",
-            };
-            let debug: [(&str, &[u8]); 3] = [
-                ("x-warmpath-lane", lane),
-                ("x-warmpath-queue-wait-us", wait),
-                ("x-warmpath-backend", backend),
-            ];
-            let extra: &[(&str, &[u8])] = if debug_headers { &debug } else { &[] };
-            let plan = write_client_response_head(&head, &u.rbuf, &mut c.wbuf, &client, extra);
-            u.plan = plan;
-            u.framing = Some(head.framing);
-            u.keep_alive = head.keep_alive;
-            u.body = BodyRelay::new(head.framing, plan.framing);
-            req.usage.reset();
-            req.status = head.status;
-            req.keep_alive = plan.keep_alive;
-            consumed = head.head_len;
-            let timer = u.timer.take();
-            if let Some(timer) = timer {
-                self.wheel.cancel(timer);
-            }
-            self.metrics.models[model].count_status(head.status);
         }
-        let Some((Conn::Upstream(u), Conn::Client(c))) = get2(&mut self.conns, up) else {
-            return;
-        };
-        let req = c.req.as_mut().expect("a forwarded request");
-        let input = &u.rbuf[consumed..u.rlen];
         let before = c.wbuf.len();
-        let done = match u.body.feed(input, u.eof, &mut self.scratch, &mut c.wbuf) {
+        let fed = u.body.feed(&u.rbuf[consumed..u.rlen], u.eof, &mut self.scratch, &mut c.wbuf);
+        let done = match fed {
             Ok(progress) => {
                 consumed += progress.consumed;
                 progress.done
             }
-            Err(_) => return self.upstream_failed(up, Failure::Fatal(UpstreamError::Malformed)),
+            Err(_) => {
+                return self.failed(up, Failure::Fatal(UpstreamError::Malformed), clients, cx)
+            }
         };
         let body_bytes = c.wbuf.len() > before;
         if (200..300).contains(&req.status) {
@@ -360,58 +577,53 @@ impl Shard {
         u.rbuf.copy_within(consumed..u.rlen, 0);
         u.rlen -= consumed;
         let first_byte = body_bytes && req.streaming && !req.first_byte_sent;
-        if first_byte {
-            req.first_byte_sent = true;
-        }
-        let id = req.id;
-        let client = u.client;
+        req.first_byte_sent |= first_byte;
+        let (id, model) = (req.id, u.model);
         if done {
             u.body.finish(&mut c.wbuf);
             req.complete = Some((200..300).contains(&req.status));
             c.phase = Phase::Done;
             let reusable = u.keep_alive && u.rlen == 0 && !u.eof;
-            u.client = usize::MAX;
-            if reusable {
-                self.return_to_pool(up);
-            } else {
-                self.close_upstream(up);
+            u.client = NO_CLIENT;
+            match reusable {
+                true => self.return_to_pool(up, cx),
+                false => self.close(up, cx),
             }
         } else if c.wbuf.len() - c.wpos >= CLIENT_HIGH_WATER {
             u.paused = true;
         }
         if first_byte {
-            self.send(model as u16, Input::FirstByte(id));
+            cx.send(model, Input::FirstByte(id));
         }
-        self.flush_client(client);
+        clients.flush(client, self, cx);
     }
 
     /// An upstream exchange failed. Retryable failures go back to the scheduler (after one
     /// fresh reconnect for a dead pooled connection); fatal ones answer 502 when nothing was
     /// relayed yet, or cut the client's stream.
-    pub(super) fn upstream_failed(&mut self, up: usize, failure: Failure) {
-        let Some(Conn::Upstream(u)) = self.conns.get(up) else { return };
+    fn failed(&mut self, up: usize, failure: Failure, clients: &mut Clients, cx: &mut Cx) {
+        let Some(u) = self.conns.get(up) else { return };
         let (model, backend, client, reused) = (u.model, u.backend, u.client, u.reused);
-        self.close_upstream(up);
-        if client == usize::MAX {
+        self.close(up, cx);
+        if client == NO_CLIENT {
             return;
         }
         let kind = match failure {
             Failure::Retryable(kind) | Failure::Fatal(kind) => kind,
         };
-        let metrics = &self.metrics.models[usize::from(model)];
-        let Some(Conn::Client(c)) = self.conns.get_mut(client) else { return };
-        let req = c.req.as_mut().expect("a forwarded request");
+        let metrics = &cx.metrics.models[usize::from(model)];
+        let Some((c, req)) = clients.exchange(client) else { return };
         match failure {
             Failure::Retryable(_) if reused && !req.reconnected => {
                 // A pooled connection found dead: one fresh connection to the same backend.
                 metrics.count_pool_reconnect();
                 req.reconnected = true;
                 c.phase = Phase::Queued;
-                self.forward_fresh(client);
+                self.forward_fresh(client, clients, cx);
             }
             Failure::Retryable(_) => {
                 metrics.count_upstream_error(backend, kind);
-                self.retry(client);
+                self.retry(client, clients, cx);
             }
             Failure::Fatal(_) => {
                 metrics.count_upstream_error(backend, kind);
@@ -420,7 +632,8 @@ impl Shard {
                         UpstreamError::Timeout => "the backend sent no response head in time",
                         _ => "the backend sent a malformed response",
                     };
-                    self.router_error(client, 502, "upstream_error", message, Some(model));
+                    let answer = (502, "upstream_error", message);
+                    clients.router_error(client, answer, Some(model), self, cx);
                 } else {
                     // Bytes were relayed: the status stands; end the stream without its end
                     // (no final chunk) and close.
@@ -428,53 +641,38 @@ impl Shard {
                     req.failure = Some(kind);
                     c.closing = true;
                     c.phase = Phase::Done;
-                    self.flush_client(client);
+                    clients.flush(client, self, cx);
                 }
             }
         }
     }
 
-    /// Forwards the client's request again over a new connection (the pool is skipped).
-    pub(super) fn forward_fresh(&mut self, key: usize) {
-        let c = self.client(key);
-        let req = c.req.as_ref().expect("an admitted request");
-        let (model, backend) =
-            (req.model.expect("model"), req.admission.expect("admitted").backend);
-        // Drain the pool of that backend: its other idle connections are likely dead too.
-        let idle = std::mem::take(&mut self.pools[usize::from(model)][usize::from(backend)]);
-        for up in idle {
-            self.close_upstream(up);
-        }
-        self.client(key).phase = Phase::Queued;
-        self.forward(key);
-    }
+    // ----- pools -----
 
-    pub(super) fn return_to_pool(&mut self, up: usize) {
-        let max_idle = self.gen.config.upstream.max_idle_per_backend as usize;
-        let u = self.upstream(up);
-        let (model, backend) = (usize::from(u.model), usize::from(u.backend));
-        let pool = &mut self.pools[model][backend];
-        if pool.len() >= max_idle || self.shared.shutting_down.load(Ordering::Acquire) {
-            return self.close_upstream(up);
+    fn return_to_pool(&mut self, up: usize, cx: &mut Cx) {
+        let max_idle = cx.gen.config.upstream.max_idle_per_backend as usize;
+        let u = &mut self.conns[up];
+        let pool = &mut self.pools[usize::from(u.model)][usize::from(u.backend)];
+        if pool.len() >= max_idle || cx.shutting_down() {
+            return self.close(up, cx);
         }
         pool.push(up);
-        let u = self.upstream(up);
         u.state = UpState::Idle;
         u.reused = true;
-        u.client = usize::MAX;
-        let deadline = self.clock.now() + self.timeouts.idle;
-        self.set_timer(up, Some(deadline));
+        u.client = NO_CLIENT;
+        let deadline = cx.now() + cx.timeouts.idle;
+        self.set_timer(up, Some(deadline), cx);
     }
 
-    pub(super) fn close_upstream(&mut self, up: usize) {
-        self.set_timer(up, None);
-        if let Some(Conn::Upstream(mut u)) = self.conns.try_remove(up) {
-            let _ = self.poll.registry().deregister(&mut u.stream);
-            let _ = u.stream.shutdown(Shutdown::Both);
-            let pool = &mut self.pools[usize::from(u.model)][usize::from(u.backend)];
-            if let Some(i) = pool.iter().position(|&k| k == up) {
-                pool.swap_remove(i);
-            }
+    /// Closes connection `up` (it leaves its pool if idle).
+    pub(super) fn close(&mut self, up: usize, cx: &mut Cx) {
+        self.set_timer(up, None, cx);
+        let Some(mut u) = self.conns.try_remove(up) else { return };
+        let _ = cx.registry.deregister(&mut u.stream);
+        let _ = u.stream.shutdown(Shutdown::Both);
+        let pool = &mut self.pools[usize::from(u.model)][usize::from(u.backend)];
+        if let Some(i) = pool.iter().position(|&k| k == up) {
+            pool.swap_remove(i);
         }
     }
 }

@@ -41,10 +41,6 @@ pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;
-// `control::scrape::reference::sample` (test and fuzz code only) is over `too_many_lines`;
-// splitting it is control's to do (issue [9]). Only the test and fuzz builds are exempted: the
-// library build still lints every function of `control` that ships.
-#[cfg_attr(any(test, fuzzing), allow(clippy::too_many_lines))]
 pub mod control;
 pub mod demo;
 pub mod fleet;

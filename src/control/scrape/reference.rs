@@ -109,70 +109,10 @@ pub fn parse_gauges(
 
 /// Parses what follows a family's name: `[{labels}] value [timestamp]`.
 fn sample(rest: &[u8]) -> Option<Sample> {
-    let blank = |b: u8| b == b' ' || b == b'\t';
-    let mut at = 0;
-    let skip_blanks = |at: &mut usize| {
-        while rest.get(*at).is_some_and(|&b| blank(b)) {
-            *at += 1;
-        }
-    };
-    skip_blanks(&mut at);
+    let mut at = skip_blanks(rest, 0);
     let mut labels = Vec::new();
     if rest.get(at) == Some(&b'{') {
-        at += 1;
-        loop {
-            skip_blanks(&mut at);
-            if rest.get(at) == Some(&b'}') {
-                at += 1;
-                break;
-            }
-            let start = at;
-            while rest.get(at).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') {
-                at += 1;
-            }
-            let name = rest[start..at].to_vec();
-            if name.is_empty() || name[0].is_ascii_digit() {
-                return None;
-            }
-            skip_blanks(&mut at);
-            if rest.get(at) != Some(&b'=') {
-                return None;
-            }
-            at += 1;
-            skip_blanks(&mut at);
-            if rest.get(at) != Some(&b'"') {
-                return None;
-            }
-            at += 1;
-            let mut value = Vec::new();
-            loop {
-                let b = *rest.get(at)?;
-                at += 1;
-                match b {
-                    b'"' => break,
-                    b'\\' => {
-                        let escaped = *rest.get(at)?;
-                        at += 1;
-                        value.push(match escaped {
-                            b'"' => b'"',
-                            b'\\' => b'\\',
-                            b'n' => b'\n',
-                            _ => return None,
-                        });
-                    }
-                    other => value.push(other),
-                }
-            }
-            labels.push((name, value));
-            skip_blanks(&mut at);
-            let separator = *rest.get(at)?;
-            at += 1;
-            match separator {
-                b',' => {}
-                b'}' => break,
-                _ => return None,
-            }
-        }
+        at = label_set(rest, at + 1, &mut labels)?;
     }
     let tokens: Vec<&[u8]> = rest[at..].split(|&b| blank(b)).filter(|t| !t.is_empty()).collect();
     let (value, timestamp) = match tokens.as_slice() {
@@ -185,6 +125,77 @@ fn sample(rest: &[u8]) -> Option<Sample> {
     }
     let value = std::str::from_utf8(value).ok()?.parse::<f64>().ok()?;
     Some(Sample { labels, value })
+}
+
+fn blank(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+fn skip_blanks(rest: &[u8], mut at: usize) -> usize {
+    while rest.get(at).is_some_and(|&b| blank(b)) {
+        at += 1;
+    }
+    at
+}
+
+/// The labels after a `{` at `at`, into `labels`; where the set ends (after its `}`).
+fn label_set(rest: &[u8], mut at: usize, labels: &mut Vec<(Vec<u8>, Vec<u8>)>) -> Option<usize> {
+    loop {
+        at = skip_blanks(rest, at);
+        if rest.get(at) == Some(&b'}') {
+            return Some(at + 1);
+        }
+        let start = at;
+        while rest.get(at).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') {
+            at += 1;
+        }
+        let name = rest[start..at].to_vec();
+        if name.is_empty() || name[0].is_ascii_digit() {
+            return None;
+        }
+        at = skip_blanks(rest, at);
+        if rest.get(at) != Some(&b'=') {
+            return None;
+        }
+        at = skip_blanks(rest, at + 1);
+        if rest.get(at) != Some(&b'"') {
+            return None;
+        }
+        let (value, end) = label_value(rest, at + 1)?;
+        labels.push((name, value));
+        at = skip_blanks(rest, end);
+        let separator = *rest.get(at)?;
+        at += 1;
+        match separator {
+            b',' => {}
+            b'}' => return Some(at),
+            _ => return None,
+        }
+    }
+}
+
+/// A quoted label value starting after its opening quote at `at`, unescaped; and where it ends
+/// (after the closing quote).
+fn label_value(rest: &[u8], mut at: usize) -> Option<(Vec<u8>, usize)> {
+    let mut value = Vec::new();
+    loop {
+        let b = *rest.get(at)?;
+        at += 1;
+        match b {
+            b'"' => return Some((value, at)),
+            b'\\' => {
+                let escaped = *rest.get(at)?;
+                at += 1;
+                value.push(match escaped {
+                    b'"' => b'"',
+                    b'\\' => b'\\',
+                    b'n' => b'\n',
+                    _ => return None,
+                });
+            }
+            other => value.push(other),
+        }
+    }
 }
 
 /// The capacity of one info-gauge series from its decoded labels.

@@ -81,10 +81,11 @@ impl Wake for ThreadWaker {
 }
 
 /// Wakes whatever drives a model's scheduler, the consumer of its inbox (the dataplane's
-/// `server::host::Inbox`): a dedicated thread, or a shard's event loop.
+/// `server::host::Inbox`): a thread of its own (the tests' drivers), or a shard's event loop.
 #[derive(Debug)]
 pub enum InboxWaker {
-    /// A dedicated scheduler thread (`server::scheduler_thread`), once it registered.
+    /// A thread that consumes the inbox itself (the tests' drivers of a host or of the
+    /// control thread's inbox), once it registered.
     Thread(ThreadWaker),
     /// A shard's mio `Poll` (one `Waker` per `Poll`, shared with the shard's own ring).
     Loop(Arc<mio::Waker>),

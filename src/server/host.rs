@@ -6,15 +6,14 @@
 //! scheduler reports, so a queue deadline or the end of a grace window is acted on when it
 //! falls due, with no traffic to trigger it (SPEC section 9, defect 1).
 //!
-//! Two drivers: `warmpath serve` runs each host inside a shard's event loop (the shard's own
-//! requests then reach their scheduler without crossing threads; see [`super::shard`]), and
-//! [`SchedulerThread`](super::scheduler_thread::SchedulerThread) runs one on a dedicated
-//! thread (used by tests and embedders).
+//! `warmpath serve` runs each host inside a shard's event loop (the shard's own requests then
+//! reach their scheduler without crossing threads; see [`super::shard`]). A dedicated scheduler
+//! thread, the design card's shape, was measured against it and removed (ARCHITECTURE.md,
+//! "Threads"); `tests/host.rs` still drives a host from a thread of its own.
 //!
 //! Nothing is lost to a full shard ring: decisions that do not fit wait in a per-shard backlog,
 //! in order, and the driver retries them until they fit (a shard on every loop iteration,
-//! waking at least every 200 µs while some wait; the dedicated thread every
-//! [`BACKLOG_RETRY`](super::scheduler_thread::BACKLOG_RETRY)). A full
+//! waking at least every 200 µs while some wait). A full
 //! inbound ring is the producers' concern: `Ring::push` hands the message back and the shard
 //! answers the client itself (503) or retries.
 //!

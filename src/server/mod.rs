@@ -26,7 +26,6 @@ pub mod host;
 pub mod metrics;
 pub mod reload;
 pub mod report;
-pub mod scheduler_thread;
 pub mod shard;
 
 #[cfg(any(test, fuzzing))]

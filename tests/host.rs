@@ -1,16 +1,21 @@
-//! The scheduler thread with real threads, rings and the real clock: shard threads send
-//! arrivals and completions, decisions come back on each request's own shard ring, every
-//! request is admitted exactly once, and a queue deadline fires with no traffic to trigger it.
+//! A model's [`Host`] across real threads, rings and the real clock: shard threads send
+//! arrivals and completions, decisions come back on each request's own shard ring (through the
+//! host's backlog when a ring is full), every request is admitted exactly once, and a queue
+//! deadline fires with no traffic to trigger it. `warmpath serve` drives each host inside a
+//! shard's event loop; here a thread of the test's own drives it, so that the host's ring
+//! protocol is exercised with its consumer and producers on different threads.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use warmpath::clock::Clock;
-use warmpath::ring::{Ring, ThreadWaker};
+use warmpath::ring::{InboxWaker, Ring, ThreadWaker};
 use warmpath::scheduler::{
     Arrival, Budget, Input, Output, Params, RejectReason, RequestId, Routing, Scheduler, Usage,
 };
-use warmpath::server::scheduler_thread::SchedulerThread;
+use warmpath::server::host::{Host, Inbox};
 
 type ShardRing = Ring<Output, ThreadWaker>;
 
@@ -35,22 +40,77 @@ fn params(timeout: Option<u64>) -> Params {
     }
 }
 
-fn start(
-    params: Params,
-    shards: u16,
-    ring_capacity: usize,
-) -> (SchedulerThread, Vec<Arc<ShardRing>>) {
+/// A host on a thread of its own: passes until a pass handles nothing, then parks until a
+/// message, the scheduler's next timer or (while decisions wait for a full shard ring) a short
+/// retry.
+#[derive(Debug)]
+struct HostThread {
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
+    join: JoinHandle<Scheduler>,
+}
+
+impl HostThread {
+    fn spawn(host: Host<ThreadWaker>) -> HostThread {
+        let inbox = Arc::clone(host.inbox());
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let join = std::thread::spawn(move || drive(host, &flag));
+        HostThread { inbox, stop, join }
+    }
+
+    fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+
+    /// Stops the thread once its inbox is drained and every decision delivered.
+    fn stop(self) -> Scheduler {
+        self.stop.store(true, Ordering::Release);
+        self.inbox.wake();
+        self.join.join().expect("the host's thread panicked")
+    }
+}
+
+fn drive(mut host: Host<ThreadWaker>, stop: &AtomicBool) -> Scheduler {
+    const RETRY: Duration = Duration::from_micros(50);
+    let clock = Clock::real();
+    if let InboxWaker::Thread(waker) = host.inbox().waker() {
+        waker.register();
+    }
+    loop {
+        let handled = host.pass(clock.now(), None);
+        let backlogged = host.backlogged();
+        if stop.load(Ordering::Acquire) && host.inbox().is_empty() && !backlogged {
+            return host.into_scheduler();
+        }
+        if handled > 0 {
+            continue;
+        }
+        let now = clock.now();
+        let timer = host.next_wakeup().map(|at| clock.rate().duration(at.saturating_sub(now)));
+        let timeout = if backlogged { Some(timer.map_or(RETRY, |t| t.min(RETRY))) } else { timer };
+        let inbox = Arc::clone(host.inbox());
+        if inbox.prepare_sleep() && !stop.load(Ordering::Acquire) {
+            match timeout {
+                Some(timeout) if timeout.is_zero() => {}
+                Some(timeout) => std::thread::park_timeout(timeout),
+                None => std::thread::park(),
+            }
+        }
+        inbox.woke();
+    }
+}
+
+fn start(params: Params, shards: u16, ring_capacity: usize) -> (HostThread, Vec<Arc<ShardRing>>) {
     let rings: Vec<Arc<ShardRing>> =
         (0..shards).map(|_| Arc::new(Ring::new(ring_capacity, ThreadWaker::default()))).collect();
-    let clock = Clock::real();
-    let scheduler = Scheduler::new(params, clock.now());
-    let thread = SchedulerThread::spawn("model".into(), scheduler, 1024, rings.clone(), clock)
-        .expect("spawn the scheduler thread");
-    (thread, rings)
+    let scheduler = Scheduler::new(params, Clock::real().now());
+    let inbox = Arc::new(Ring::new(1024, InboxWaker::default()));
+    (HostThread::spawn(Host::new(scheduler, inbox, rings.clone())), rings)
 }
 
 /// Pushes `input`, waiting while the inbox is full.
-fn send(thread: &SchedulerThread, mut input: Input) {
+fn send(thread: &HostThread, mut input: Input) {
     while let Err(back) = thread.inbox().push(input) {
         input = back;
         std::thread::yield_now();
@@ -77,7 +137,7 @@ fn next(ring: &ShardRing, limit: Duration) -> Option<Output> {
 }
 
 /// A shard: sends `count` requests and completes each as soon as it is admitted.
-fn shard(index: u16, count: u64, thread: Arc<SchedulerThread>, ring: Arc<ShardRing>) -> u64 {
+fn shard(index: u16, count: u64, thread: Arc<HostThread>, ring: Arc<ShardRing>) -> u64 {
     ring.waker().register();
     let mut admitted = vec![false; count as usize];
     let (mut sent, mut done) = (0, 0);
@@ -106,7 +166,7 @@ fn shard(index: u16, count: u64, thread: Arc<SchedulerThread>, ring: Arc<ShardRi
     done
 }
 
-fn complete(thread: &SchedulerThread, admitted: &mut [bool], index: u16, output: Output) -> u64 {
+fn complete(thread: &HostThread, admitted: &mut [bool], index: u16, output: Output) -> u64 {
     let Output::Admit { id, .. } = output else { panic!("unexpected {output:?}") };
     assert_eq!(id.shard(), index, "decision sent to the wrong shard");
     let serial = (id.0 & ((1 << 48) - 1)) as usize;
@@ -117,7 +177,7 @@ fn complete(thread: &SchedulerThread, admitted: &mut [bool], index: u16, output:
 }
 
 #[test]
-fn shards_and_a_scheduler_thread_settle_every_request() {
+fn shards_and_a_host_on_its_own_thread_settle_every_request() {
     const SHARDS: u16 = 2;
     const EACH: u64 = 5_000;
     // Small shard rings, so that decisions also go through the scheduler's backlog.
@@ -156,7 +216,7 @@ fn a_queue_deadline_fires_without_traffic() {
         send(&thread, arrive(serial));
     }
     // 8 slots (2 backends x 4): 8 admissions; the ninth waits for its deadline, and nothing else
-    // is sent: the thread must wake for the timer by itself.
+    // is sent: the host's thread must wake for the timer by itself.
     for _ in 0..8 {
         let output = next(&rings[0], Duration::from_secs(10)).expect("an admission");
         assert!(matches!(output, Output::Admit { .. }), "{output:?}");

@@ -4,15 +4,14 @@
 //! variant of MurmurHash3's `fmix64`). Fast and statistically good; not cryptographic.
 //!
 //! The crate uses it two ways, defined once here:
-//! - [`mix`], a seedless hash of a 64-bit word: the simulated engine's block chain and token
-//!   ids (`sim::cache`, `sim::tokens`) and the bench's synthetic text (`bench::workload`);
+//! - [`mix`], a seedless hash of a 64-bit word: the scheduler's request-id table
+//!   (`scheduler::queue`), the simulated engine's block chain and token ids (`sim::cache`,
+//!   `sim::tokens`) and the bench's synthetic text (`bench::workload`);
 //! - [`SplitMix64`], a seeded sequence: arrivals and think times of synthetic workloads, and
 //!   the random choices of tests and benches.
 //!
 //! Their outputs are part of what a seed means (the same workload, the same simulated cache,
-//! the same answer text for a seed), so the constants must not change. `scheduler::queue` has
-//! its own copy of [`mix`] for hashing request ids; it stays there until the scheduler's
-//! rewrite, which owns that file.
+//! the same answer text for a seed), so the constants must not change.
 
 /// The increment of the state: 2^64 divided by the golden ratio, rounded to odd.
 pub const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;

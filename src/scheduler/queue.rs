@@ -30,6 +30,7 @@ use hashbrown::HashTable;
 use super::heap::{HeapArena, IndexedHeap, NOT_IN_HEAP};
 use super::Lane;
 use crate::clock::Tick;
+use crate::splitmix::mix;
 
 /// End of a list / no entry.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -224,13 +225,10 @@ pub(crate) struct Queue {
     live: u32,
 }
 
-/// splitmix64's finaliser (Steele, Lea, Flood 2014): request ids are often sequential, and
-/// hashbrown takes the bucket from the low bits and the tag from the high ones.
+/// A request id's hash, SplitMix64's [`mix`]: request ids are often sequential, and hashbrown
+/// takes the bucket from the low bits and the tag from the high ones.
 fn hash_id(id: u64) -> u64 {
-    let mut z = id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    mix(id)
 }
 
 impl Queue {

@@ -26,8 +26,8 @@
 //!   scheduler, upstream pools, generations and reloads, admin, access log.
 //! - [`signals`]: SIGTERM, SIGINT and SIGHUP for the subcommands that run until stopped.
 //! - [`sim`]: `warmpath sim`, a simulated vLLM engine (SPEC section 7).
-//! - [`splitmix`]: SplitMix64, the seeded sequence and 64-bit mix behind the sim's hashes and
-//!   the synthetic workloads.
+//! - [`splitmix`]: SplitMix64, the seeded sequence and 64-bit mix behind the scheduler's
+//!   request-id table, the sim's hashes and the synthetic workloads.
 //! - [`wheel`]: the hierarchical timer wheel, sans-IO: the schedulers' grace windows, stale
 //!   gauges and placement waits, and the shards' connection timers.
 //!

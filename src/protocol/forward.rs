@@ -15,11 +15,10 @@
 //! none, since the forwarded request is HTTP/1.1). The client address is appended to the last `X-Forwarded-For` line (or a line
 //! is added), and `X-Request-ID` is added when the client sent none.
 
-use std::io::Write;
 use std::net::IpAddr;
 
 use super::request::{Framing, RequestHead};
-use super::{is_hop_by_hop, write_decimal, write_header};
+use super::{write_decimal, write_header, write_ip, HopByHop};
 
 /// What the router adds to a forwarded request.
 #[derive(Debug, Clone, Copy)]
@@ -52,9 +51,10 @@ pub fn write_upstream_head(
     }
     let is_xff = |name: &[u8]| name.eq_ignore_ascii_case(b"x-forwarded-for");
     let last_xff = headers.iter().rposition(|h| is_xff(h.name.get(buf)));
+    let hop_by_hop = HopByHop::of(&head.headers, buf);
     for (i, h) in headers.iter().enumerate() {
         let name = h.name.get(buf);
-        if is_hop_by_hop(name, &head.headers, buf)
+        if hop_by_hop.contains(name)
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
         {
@@ -68,12 +68,14 @@ pub fn write_upstream_head(
             if !value.is_empty() {
                 out.extend_from_slice(b", ");
             }
-            write!(out, "{}", extra.client_addr).expect("writing to a Vec");
+            write_ip(out, extra.client_addr);
         }
         out.extend_from_slice(b"\r\n");
     }
     if last_xff.is_none() {
-        write!(out, "X-Forwarded-For: {}\r\n", extra.client_addr).expect("writing to a Vec");
+        out.extend_from_slice(b"X-Forwarded-For: ");
+        write_ip(out, extra.client_addr);
+        out.extend_from_slice(b"\r\n");
     }
     if head.request_id.is_none() {
         write_header(out, b"X-Request-ID", extra.request_id);
@@ -114,6 +116,17 @@ Expect: 100-continue\r\nAuthorization: Bearer k\r\nx-forwarded-for: 1.2.3.4\r\n\
             forward(req, 12),
             "POST /v1/chat/completions?a=b HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer k\r\n\
 x-forwarded-for: 1.2.3.4, 10.0.0.9\r\nX-Request-ID: gen-1\r\nContent-Length: 12\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn every_connection_line_names_hop_by_hop_fields_however_many() {
+        // More `Connection` lines than `HopByHop` keeps: the names on the last still count.
+        let req = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: x-1\r\nConnection: x-2\r\n\
+Connection: x-3\r\nConnection: x-4\r\nConnection: x-5, x-6\r\nx-1: a\r\nx-6: b\r\nx-7: c\r\n\r\n";
+        assert_eq!(
+            forward(req, 0),
+            "GET / HTTP/1.1\r\nHost: h\r\nx-7: c\r\nX-Forwarded-For: 10.0.0.9\r\nX-Request-ID: gen-1\r\n\r\n"
         );
     }
 

@@ -240,16 +240,75 @@ const HOP_BY_HOP: [&str; 9] = [
     "proxy-authenticate",
 ];
 
-/// Whether `name` is hop-by-hop: listed in [`HOP_BY_HOP`] or named by a `Connection` line.
-fn is_hop_by_hop(name: &[u8], headers: &HeaderList, buf: &[u8]) -> bool {
-    if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes())) {
-        return true;
+/// The hop-by-hop header names of one head: those of [`HOP_BY_HOP`] and those its `Connection`
+/// lines name. Built once per head, so that asking about each of its lines neither scans the
+/// whole list again for `Connection` lines nor splits their values again (a head's writer asks
+/// once per line).
+struct HopByHop<'a> {
+    /// The names the `Connection` lines list, but for those of [`HOP_BY_HOP`] and `close`.
+    named: [&'a [u8]; HopByHop::NAMED],
+    count: usize,
+    /// More names than kept: ask the whole list (never seen from real peers).
+    overflow: Option<(&'a HeaderList, &'a [u8])>,
+}
+
+impl<'a> HopByHop<'a> {
+    const NAMED: usize = 8;
+
+    fn of(headers: &'a HeaderList, buf: &'a [u8]) -> HopByHop<'a> {
+        let mut set = HopByHop { named: [&[]; Self::NAMED], count: 0, overflow: None };
+        let connection = headers.as_slice().iter().filter(|h| is_connection(h.name.get(buf)));
+        for token in connection.flat_map(|h| tokens(h.value.get(buf))) {
+            if is_listed(token) || token.eq_ignore_ascii_case(b"close") {
+                continue;
+            }
+            if set.count == Self::NAMED {
+                set.overflow = Some((headers, buf));
+                break;
+            }
+            set.named[set.count] = token;
+            set.count += 1;
+        }
+        set
     }
-    headers
-        .as_slice()
-        .iter()
-        .filter(|h| h.name.get(buf).eq_ignore_ascii_case(b"connection"))
-        .any(|h| tokens(h.value.get(buf)).any(|t| t.eq_ignore_ascii_case(name)))
+
+    /// Whether `name` is hop-by-hop: listed in [`HOP_BY_HOP`] or named by a `Connection` line.
+    fn contains(&self, name: &[u8]) -> bool {
+        if is_listed(name) {
+            return true;
+        }
+        match self.overflow {
+            None => self.named[..self.count].iter().any(|t| t.eq_ignore_ascii_case(name)),
+            Some((headers, buf)) => headers
+                .as_slice()
+                .iter()
+                .filter(|h| is_connection(h.name.get(buf)))
+                .any(|h| tokens(h.value.get(buf)).any(|t| t.eq_ignore_ascii_case(name))),
+        }
+    }
+}
+
+fn is_connection(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"connection")
+}
+
+/// Bit `n` is set when a name of [`HOP_BY_HOP`] is `n` bytes long.
+const LISTED_LENGTHS: u32 = {
+    let mut lengths = 0;
+    let mut i = 0;
+    while i < HOP_BY_HOP.len() {
+        lengths |= 1 << HOP_BY_HOP[i].len();
+        i += 1;
+    }
+    lengths
+};
+
+/// Whether `name` is one of [`HOP_BY_HOP`]. Most header names have a length no listed name has,
+/// and cost one bit test.
+fn is_listed(name: &[u8]) -> bool {
+    name.len() < 32
+        && LISTED_LENGTHS & (1 << name.len()) != 0
+        && HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 /// The comma-separated tokens of a list-valued header, trimmed, empty elements skipped.
@@ -283,6 +342,25 @@ fn write_decimal(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(decimal(n, &mut [0; 20]));
 }
 
+/// Appends `addr` as text: an IPv4 address octet by octet (`Display` costs about twenty times
+/// as much, and one is written per forwarded request), an IPv6 address through `Display`.
+fn write_ip(out: &mut Vec<u8>, addr: std::net::IpAddr) {
+    match addr {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                write_decimal(out, u64::from(octet));
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            use std::io::Write;
+            write!(out, "{v6}").expect("writing to a Vec");
+        }
+    }
+}
+
 /// Appends `name: value\r\n`.
 fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
@@ -306,6 +384,39 @@ fn map_httparse(err: httparse::Error, side: Side) -> ProtocolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listed_names_are_found_in_any_case_and_only_they() {
+        for name in HOP_BY_HOP {
+            assert!(is_listed(name.as_bytes()), "{name}");
+            assert!(is_listed(name.to_ascii_uppercase().as_bytes()), "{name}");
+        }
+        let others =
+            ["", "t", "host", "tea", "trailers", "upgrades", "content-length", "x-connection"];
+        for name in others {
+            assert!(!is_listed(name.as_bytes()), "{name}");
+        }
+        assert!(!is_listed(&[b'a'; 40]));
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        let addrs = [
+            "0.0.0.0",
+            "10.0.0.9",
+            "127.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "fe80::1:2",
+            "::ffff:10.0.0.1",
+        ];
+        for text in addrs {
+            let addr: std::net::IpAddr = text.parse().unwrap();
+            let mut out = b"for=".to_vec();
+            write_ip(&mut out, addr);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("for={addr}"), "{text}");
+        }
+    }
 
     #[test]
     fn helpers() {

@@ -20,7 +20,7 @@ use super::error::{ErrorKind, ProtocolError};
 use super::json::{json_string_len, write_json_string};
 use super::request::parse_content_length;
 use super::{
-    is_hop_by_hop, map_httparse, tokens, trim, write_decimal, write_header, HeaderList, Side, Span,
+    map_httparse, tokens, trim, write_decimal, write_header, HeaderList, HopByHop, Side, Span,
     Version, HEADERS_MAX,
 };
 
@@ -210,10 +210,11 @@ pub fn write_client_response_head(
     out.push(b' ');
     out.extend_from_slice(head.reason.get(buf));
     out.extend_from_slice(b"\r\n");
+    let hop_by_hop = HopByHop::of(&head.headers, buf);
     for h in head.headers.as_slice() {
         let name = h.name.get(buf);
         let is_length = name.eq_ignore_ascii_case(b"content-length");
-        if is_hop_by_hop(name, &head.headers, buf) || is_length && drop_length {
+        if hop_by_hop.contains(name) || is_length && drop_length {
             continue;
         }
         write_header(out, name, h.value.get(buf));

@@ -61,8 +61,8 @@ impl SessionSource {
                      bytes, no control characters)"
                 ));
             }
-            if field == "model" {
-                return Err("\"model\" names the model, not a session".to_owned());
+            if field == "model" || field == "stream" {
+                return Err(format!("{field:?} is read by the router for itself, not a session"));
             }
             return Ok(SessionSource::Body(field.to_owned()));
         }
@@ -157,7 +157,8 @@ mod tests {
         assert_eq!(refused(&["header:"]).1, "empty header name after \"header:\"");
         assert_eq!(refused(&["body:"]).1, "empty field name after \"body:\"");
         assert!(refused(&["header:a b"]).1.contains("not a valid HTTP header name"));
-        assert!(refused(&["body:model"]).1.contains("names the model"));
+        assert!(refused(&["body:model"]).1.contains("not a session"));
+        assert!(refused(&["body:stream"]).1.contains("not a session"));
         assert!(refused(&["body:a\nb"]).1.contains("not a usable body field name"));
         assert_eq!(
             refused(&["header:a", "body:a", "header:A"]),

@@ -121,7 +121,7 @@ impl Observer for Unobserved {
 }
 
 /// [`find_model`], reporting every token to `observer` as the scan passes it and recording the
-/// top-level `fields` (all [`FieldValue::Unseen`] if the body is refused before the end).
+/// top-level `fields` (what they hold is meaningless when the body is refused).
 pub(super) fn find_model_observed<'a, O: Observer>(
     body: &'a [u8],
     observer: &mut O,

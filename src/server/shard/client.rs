@@ -910,6 +910,11 @@ impl Clients {
         let Some(c) = self.conns.get(key) else { return };
         let (gen, req) = (cx.gen, &self.requests[slot]);
         let model = req.model.map(|m| &gen.models[usize::from(m)]);
+        // A request refused before it was routed logs the session header it came with.
+        let (session, session_source) = match (req.session, req.head.session_id(&c.rbuf)) {
+            (Session::None, Some(id)) if model.is_none() => (Some(id), "header"),
+            (session, _) => (req.session_value(&c.rbuf), session.source_name()),
+        };
         let mut generated = [0u8; 19];
         let request_id = match req.head.request_id {
             Some(span) => Some(span.get(&c.rbuf)),
@@ -923,8 +928,8 @@ impl Clients {
             method: req.head.method(&c.rbuf),
             path: req.head.path(&c.rbuf),
             model: model.map(|m| m.name.as_str()),
-            session: req.session_value(&c.rbuf),
-            session_source: req.session.source_name(),
+            session,
+            session_source,
             backend: model
                 .zip(admission)
                 .map(|(m, a)| m.backends[usize::from(a.backend)].authority.as_str()),

@@ -122,3 +122,26 @@ fn the_first_present_source_wins() {
     turn(&reversed, &chat(&[("X-Session-ID", "b")], ""), "boosted", "header");
     client::wait_idle(reversed.admin, M);
 }
+
+/// `session_sources` changes on a live reload: the next request uses the new list.
+#[test]
+fn a_reload_changes_the_sources() {
+    let backend = Backend::start();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sessions-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("reload-{}.toml", std::process::id()));
+    let setup = |sources: &str| {
+        Setup::new()
+            .model(M, &[backend.address()])
+            .server("debug_headers", "true")
+            .queue("session_sources", sources)
+    };
+    let router = setup("[\"header:X-Thread\"]").start_from_file(&path);
+    let keyed = chat(&[("X-Thread", "t")], "\"prompt_cache_key\":\"k\",");
+    turn(&router, &keyed, "normal", "header");
+    std::fs::write(&path, setup("[\"body:prompt_cache_key\"]").toml()).unwrap();
+    let reload = request("POST", "/admin/reload", &[], b"");
+    assert_eq!(client::exchange(router.admin, &reload).status, 200);
+    turn(&router, &keyed, "normal", "body");
+    client::wait_idle(router.admin, M);
+}

@@ -7,7 +7,8 @@
 //!   prompt's strings as sent into blocks, xxh3 per block), against the baseline `find_model`,
 //!   the same scan without the prompt, which every request pays; and `scan_body` with the
 //!   hasher and the default `body:` session source (`prompt_cache_key`, issue [10]), what a
-//!   shard runs per request now;
+//!   shard runs per request of a `prefix-cost` model, and without the hasher, what it runs for
+//!   other routings;
 //! - `index`: per admission, the scheduler's work on one backend's index of 8,192 blocks: the
 //!   binary-search `matched` of the prompt's chain (once cached, once not), and `insert`, which
 //!   touches every block of the chain (the dominant cost for long prompts).
@@ -55,6 +56,12 @@ fn hash(c: &mut Criterion) {
                 });
             },
         );
+        group.bench_with_input(BenchmarkId::new("scan + session field", size), &body, |b, body| {
+            b.iter(|| {
+                let fields = BodyFields { names: &names, values: &mut values };
+                scan_body(black_box(body), None, fields).map(|(f, _)| f.token.start)
+            });
+        });
         group.bench_with_input(
             BenchmarkId::new("find_model (baseline)", size),
             &body,

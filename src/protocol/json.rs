@@ -377,7 +377,7 @@ impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
                 self.observer.string(self.depth, start + 1..self.pos - 1);
                 match self.next {
                     TopKey::Model => {
-                        self.found(Found::String { token: start..self.pos, escaped })?
+                        self.found(Found::String { token: start..self.pos, escaped })?;
                     }
                     TopKey::Field(i) => self.field(i, start + 1, self.pos - 1),
                     _ => {}

@@ -145,3 +145,27 @@ fn a_reload_changes_the_sources() {
     turn(&router, &keyed, "normal", "body");
     client::wait_idle(router.admin, M);
 }
+
+/// Hostile values of the other sources (docs/security.md, "Session sources"): under a header
+/// that is not `session_header`, a value with a space or over 256 bytes counts as absent, and so
+/// does a body field that is too long, empty or not a string; each request is served (200) with
+/// no session. `X-Session-ID` keeps its 400.
+#[test]
+fn hostile_session_sources_count_as_absent() {
+    let backend = Backend::start();
+    let router = start(&backend, &[]);
+    let long = "x".repeat(257);
+    let headers: [(&str, &str); 3] =
+        [("session_id", "a b"), ("x-session-affinity", long.as_str()), ("session_id", "\u{ff}")];
+    for header in headers {
+        turn(&router, &chat(&[header], ""), "normal", "none");
+    }
+    for field in [format!("\"prompt_cache_key\":\"{long}\","), "\"prompt_cache_key\":\"\",".into()]
+    {
+        turn(&router, &chat(&[], &field), "normal", "none");
+    }
+    turn(&router, &chat(&[], "\"prompt_cache_key\":{\"id\":\"k\"},"), "normal", "none");
+    let refused = client::exchange(router.addr, &chat(&[("X-Session-ID", "a b")], ""));
+    refused.assert_error(400, "invalid_request");
+    client::wait_idle(router.admin, M);
+}

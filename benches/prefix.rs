@@ -5,7 +5,10 @@
 //! - `hash`: `find_model_and_prompt` with a hasher of 256-byte blocks, what a shard does per
 //!   request of a `prefix-cost` model (the validating scan that finds the model, copying the
 //!   prompt's strings as sent into blocks, xxh3 per block), against the baseline `find_model`,
-//!   the same scan without the prompt, which every request pays;
+//!   the same scan without the prompt, which every request pays; and `scan_body` with the
+//!   hasher and the default `body:` session source (`prompt_cache_key`, issue [10]), what a
+//!   shard runs per request of a `prefix-cost` model, and without the hasher, what it runs for
+//!   other routings;
 //! - `index`: per admission, the scheduler's work on one backend's index of 8,192 blocks: the
 //!   binary-search `matched` of the prompt's chain (once cached, once not), and `insert`, which
 //!   touches every block of the chain (the dominant cost for long prompts).
@@ -14,7 +17,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use warmpath::protocol::{find_model, find_model_and_prompt, PromptHasher};
+use warmpath::protocol::{
+    find_model, find_model_and_prompt, scan_body, BodyFields, FieldValue, PromptHasher,
+};
 use warmpath::scheduler::prefix::PrefixIndex;
 
 #[path = "common/bodies.rs"]
@@ -35,6 +40,26 @@ fn hash(c: &mut Criterion) {
                 let prompt = Some((&mut hasher, &mut hashes));
                 find_model_and_prompt(black_box(body), prompt)
                     .map(|(f, bytes)| f.token.start + bytes)
+            });
+        });
+        let names: Vec<Box<[u8]>> = vec![b"prompt_cache_key"[..].into()];
+        let mut values = vec![FieldValue::Unseen; names.len()];
+        group.bench_with_input(
+            BenchmarkId::new("fused + session field", size),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let prompt = Some((&mut hasher, &mut hashes));
+                    let fields = BodyFields { names: &names, values: &mut values };
+                    scan_body(black_box(body), prompt, fields)
+                        .map(|(f, bytes)| f.token.start + bytes)
+                });
+            },
+        );
+        group.bench_with_input(BenchmarkId::new("scan + session field", size), &body, |b, body| {
+            b.iter(|| {
+                let fields = BodyFields { names: &names, values: &mut values };
+                scan_body(black_box(body), None, fields).map(|(f, _)| f.token.start)
             });
         });
         group.bench_with_input(

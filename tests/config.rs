@@ -471,3 +471,53 @@ fn docs_describe_every_key_and_variable() {
         assert!(docs.contains(&format!("| `{variable}` | `{target}` |")), "{variable}");
     }
 }
+
+/// `queue.session_sources` (issue [10]): unset, the default list follows `session_header`
+/// wherever that was set; set in the file, by `--set` (comma-separated) or per model, it
+/// replaces the list; a bad entry is named by index; printed, it loads back the same.
+#[test]
+fn session_sources_default_set_and_refused() {
+    use warmpath::config::SessionSource;
+    let env = env_of(&[("SESSION_BOOST_HEADER", "X-Conversation")]);
+    let config =
+        Config::load(Some(&write_temp("sources.toml", MINIMAL)), &env, &sets(&[])).expect("valid");
+    let sources = config.models[0].queue.effective_session_sources();
+    assert_eq!(sources[0], SessionSource::Header("X-Conversation".to_owned()));
+    assert_eq!(sources[1], SessionSource::Body("prompt_cache_key".to_owned()));
+    assert_eq!(config.models[0].queue.session_sources, None);
+
+    let text = format!(
+        "[queue]\nsession_sources = [\"body:conversation_id\"]\n{MINIMAL}\
+         [model.queue]\nsession_sources = [\"header:X-Thread\", \"body:prompt_cache_key\"]\n"
+    );
+    let path = write_temp("sources-set.toml", &text);
+    let config = Config::load(Some(&path), &no_env, &Overrides::default()).unwrap();
+    assert_eq!(config.queue.session_sources, Some(vec!["body:conversation_id".to_owned()]));
+    assert_eq!(
+        config.models[0].queue.effective_session_sources(),
+        [
+            SessionSource::Header("X-Thread".to_owned()),
+            SessionSource::Body("prompt_cache_key".to_owned())
+        ]
+    );
+    let printed = config.to_toml();
+    assert_eq!(Config::from_toml_str(&printed).unwrap(), config, "{printed}");
+
+    let overrides = sets(&[("queue.session_sources", "header:X-A, body:thread")]);
+    let config = Config::load(Some(&path), &no_env, &overrides).unwrap();
+    let expected = Some(vec!["header:X-A".to_owned(), "body:thread".to_owned()]);
+    assert_eq!(config.models[0].queue.session_sources, expected);
+
+    let bad = sets(&[("model.llama.queue.session_sources", "header:X-A,X-B")]);
+    let error = Config::load(Some(&path), &no_env, &bad).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "model \"llama\": queue.session_sources[1] = \"X-B\": \
+         expected \"header:NAME\" or \"body:FIELD\""
+    );
+    let message = error_of("[queue]\nsession_sources = [\"body:a\", 3]\n");
+    assert_eq!(
+        message,
+        "queue.session_sources = [\"body:a\", 3]: expected strings, found an integer"
+    );
+}

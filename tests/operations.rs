@@ -64,6 +64,7 @@ fn the_access_log_has_a_line_per_request_with_waits_and_bytes() {
     let line = &log_lines(&path, 1)[0];
     assert_eq!(line["model"], M, "{line}");
     assert_eq!(line["session"], "conv-1");
+    assert_eq!(line["session_source"], "header");
     assert_eq!(line["backend"], backend.address());
     assert_eq!(line["status"], 200);
     assert_eq!(line["lane"], "normal");
@@ -85,6 +86,7 @@ fn the_access_log_has_a_line_per_request_with_waits_and_bytes() {
     let line = &log_lines(&path, 2)[1];
     assert_eq!((line["status"].as_u64(), line["outcome"].as_str()), (Some(404), Some("router")));
     assert!(line["model"].is_null() && line["backend"].is_null(), "{line}");
+    assert_eq!(line["session_source"], "none");
 
     let mut leaving = Conn::open(router.addr);
     leaving.send(&chat_request(M, Some("gone"), true));

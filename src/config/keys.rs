@@ -40,6 +40,7 @@ pub(crate) const QUEUE_KEYS: &[&str] = &[
     "inflight_per_backend",
     "prefill_tokens_per_backend",
     "session_header",
+    "session_sources",
     "max_sessions",
     "max_overtakes",
     "boosted_streak_max",
@@ -189,6 +190,7 @@ impl QueueConfig {
                 self.prefill_tokens_per_backend = auto_or(raw, unsigned)?;
             }
             "session_header" => self.session_header = string(raw)?,
+            "session_sources" => self.session_sources = Some(string_list(raw)?),
             "max_sessions" => self.max_sessions = unsigned(raw)?,
             "max_overtakes" => self.max_overtakes = unsigned(raw)?,
             "boosted_streak_max" => self.boosted_streak_max = unsigned(raw)?,
@@ -388,6 +390,7 @@ mod tests {
             let raw = match *key {
                 "strategy" => "fifo",
                 "session_header" => "X-Other",
+                "session_sources" => "body:conversation",
                 k if k.contains("timeout") || k.contains("period") || k.contains("wait") => "7s",
                 _ => "7",
             };

@@ -22,6 +22,7 @@ mod file;
 mod keys;
 pub mod overrides;
 mod print;
+pub mod sessions;
 mod validate;
 
 use std::fmt;
@@ -32,6 +33,7 @@ use std::time::Duration;
 pub use duration::{format_duration, parse_duration, DurationError};
 pub use env::{process_env, ENV_VARS};
 pub use overrides::Overrides;
+pub use sessions::SessionSource;
 
 /// The whole effective configuration of one warmpath process.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,8 +131,13 @@ pub struct QueueConfig {
     /// S6.3: prefill backlog budget per backend, in estimated prompt tokens: learned per
     /// backend (`auto`), or fixed (`0` = off).
     pub prefill_tokens_per_backend: Setting<u64>,
-    /// Request header carrying the session id (matched case-insensitively).
+    /// Request header carrying the session id (matched case-insensitively); the first entry of
+    /// the default `session_sources`.
     pub session_header: String,
+    /// Issue [10]: where the session identity comes from, `"header:NAME"` and `"body:FIELD"`
+    /// entries in order, the first present winning (`sessions.rs`); `None` = the default list,
+    /// which starts with `session_header` ([`QueueConfig::effective_session_sources`]).
+    pub session_sources: Option<Vec<String>>,
     /// S2: capacity of the tracker of recently completed sessions.
     pub max_sessions: u32,
     /// S4: boosted admissions a boosted request may wait through before it is forced; 0 = off.
@@ -318,6 +325,7 @@ impl Default for QueueConfig {
             inflight_per_backend: 256,
             prefill_tokens_per_backend: Setting::Auto,
             session_header: "X-Session-ID".to_owned(),
+            session_sources: None,
             max_sessions: 4_096,
             max_overtakes: 16,
             boosted_streak_max: 0,
@@ -342,6 +350,19 @@ impl Default for UpstreamConfig {
             metrics_stale_after: Duration::from_secs(5),
             health_path: "/health".to_owned(),
             eject_after_failures: 3,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The session sources in effect: the configured list, or the default one built from
+    /// `session_header`. Entries that do not parse are left out (validation refuses them).
+    pub fn effective_session_sources(&self) -> Vec<SessionSource> {
+        match &self.session_sources {
+            None => sessions::default_sources(&self.session_header),
+            Some(entries) => {
+                entries.iter().filter_map(|entry| SessionSource::parse(entry).ok()).collect()
+            }
         }
     }
 }

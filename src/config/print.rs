@@ -86,6 +86,7 @@ fn queue(out: &mut String, queue: &QueueConfig) {
         auto_budget(out);
     }
     line(out, "session_header", string(&queue.session_header));
+    session_sources(out, queue);
     line(out, "max_sessions", queue.max_sessions);
     line(out, "max_overtakes", queue.max_overtakes);
     line(out, "boosted_streak_max", queue.boosted_streak_max);
@@ -98,6 +99,28 @@ fn queue(out: &mut String, queue: &QueueConfig) {
     line(out, "placement_scan_max", queue.placement_scan_max);
     line(out, "cost_slack_tokens", queue.cost_slack_tokens);
     line(out, "affinity_wait_max", duration(queue.affinity_wait_max));
+}
+
+/// `session_sources = [...]` when set; unset, the default list it resolves to as a comment (so
+/// that the output still loads back to an unset key, which follows `session_header`).
+fn session_sources(out: &mut String, queue: &QueueConfig) {
+    let list = |entries: Vec<String>| {
+        let quoted: Vec<String> = entries.iter().map(|entry| string(entry)).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    match &queue.session_sources {
+        Some(entries) => line(out, "session_sources", list(entries.clone())),
+        None => {
+            let sources = queue.effective_session_sources();
+            let entries = sources.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "# session_sources unset: the default list, from session_header \
+                 (docs/configuration.md):\n#   {}",
+                list(entries)
+            );
+        }
+    }
 }
 
 fn upstream(out: &mut String, upstream: &UpstreamConfig) {
@@ -143,7 +166,11 @@ mod tests {
         config.models[1].queue.strategy = Strategy::Fifo;
         config.models[1].queue.grace_period = Duration::from_micros(1_500);
         config.queue.timeout = Duration::ZERO;
+        config.models[1].queue.session_sources =
+            Some(vec!["body:conversation_id".to_owned(), "header:X-Conv".to_owned()]);
         let text = config.to_toml();
+        assert!(text.contains("session_sources = [\"body:conversation_id\", \"header:X-Conv\"]"));
+        assert!(text.contains("#   [\"header:X-Session-ID\", \"body:prompt_cache_key\""), "{text}");
         assert_eq!(file::parse(&text), Ok(config), "{text}");
     }
 }

@@ -10,6 +10,7 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::duration::format_duration;
+use super::sessions::{self, is_header_name};
 use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
 use super::{ServerConfig, Setting, UpstreamConfig};
 
@@ -142,19 +143,23 @@ fn queue(context: &str, queue: &QueueConfig) -> Check {
         let reason = "not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~)";
         return Err(invalid(c, "queue.session_header", quoted(&queue.session_header), reason));
     }
+    if let Some(entries) = &queue.session_sources {
+        if let Err((at, reason)) = sessions::parse_list(entries) {
+            let (key, shown) = match at {
+                Some(i) => (format!("queue.session_sources[{i}]"), quoted(&entries[i])),
+                None => {
+                    ("queue.session_sources".to_owned(), format!("[{} entries]", entries.len()))
+                }
+            };
+            return Err(invalid(c, &key, shown, &reason));
+        }
+    }
     range(c, "queue.max_sessions", queue.max_sessions, 1, QUEUED_MAX)?;
     range(c, "queue.prefix_block_bytes", queue.prefix_block_bytes, 16, 65_536)?;
     if let Setting::Fixed(blocks) = queue.prefix_index_blocks {
         range(c, "queue.prefix_index_blocks", blocks, 1, 67_108_864)?;
     }
     range(c, "queue.placement_scan_max", queue.placement_scan_max, 1, 65_536)
-}
-
-/// An HTTP field name: one or more `tchar` (RFC 9110, 5.6.2), at most 256 bytes.
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 256
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// A model's own keys (not its queue).
@@ -354,6 +359,29 @@ mod tests {
             );
         }
         assert!(is_header_name("x-session-id"));
+    }
+
+    #[test]
+    fn session_sources_name_the_bad_entry() {
+        let set = |entries: &[&str]| {
+            let entries: Vec<String> = entries.iter().map(|e| (*e).to_owned()).collect();
+            move |c: &mut Config| c.models[0].queue.session_sources = Some(entries.clone())
+        };
+        assert_eq!(
+            refused(set(&["header:X-A", "X-B"])),
+            "model \"llama\": queue.session_sources[1] = \"X-B\": \
+             expected \"header:NAME\" or \"body:FIELD\""
+        );
+        assert_eq!(
+            refused(set(&["body:k", "body:k"])),
+            "model \"llama\": queue.session_sources[1] = \"body:k\": \
+             the same source as session_sources[0]"
+        );
+        assert!(refused(set(&["header:"])).contains("empty header name"));
+        assert!(refused(set(&["header:X:Y"])).contains("not a valid HTTP header name"));
+        let many: Vec<String> = (0..17).map(|i| format!("body:f{i}")).collect();
+        let message = refused(move |c| c.queue.session_sources = Some(many.clone()));
+        assert_eq!(message, "queue.session_sources = [17 entries]: at most 16 entries, found 17");
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! - [`check_model_field`]: [`find_model`] against `serde_json` (a `Value` parse, plus a visitor
 //!   counting top-level `"model"` keys), and the fused pass (`prompt::find_model_and_prompt`)
 //!   against `find_model` and against [`reference_prompt_text`], a restatement on serde_json of
-//!   the prompt text that is hashed ([`check_prompt`], in `harness_prompt.rs`).
+//!   the prompt text that is hashed ([`check_prompt`], in `harness_prompt.rs`); and the same
+//!   pass recording top-level fields (the `body:` session sources) against
+//!   [`reference_field`] ([`check_fields`]).
 //! - [`check_usage`] (`harness_usage.rs`): the response `usage` scanner fed whole, in pieces and
 //!   byte by byte, against [`reference_usage`] (serde_json), and with chunk framing inserted.
 //! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
@@ -30,7 +32,9 @@ use super::{
 
 #[path = "harness_prompt.rs"]
 mod prompt;
-pub use prompt::{check_prompt, reference_prompt_text};
+pub use prompt::{
+    check_fields, check_prompt, reference_field, reference_prompt_text, CHECK_FIELDS,
+};
 #[path = "harness_usage.rs"]
 mod usage;
 pub use usage::{check_usage, reference_usage};
@@ -99,6 +103,7 @@ fn expected(body: &[u8]) -> Expected {
 pub fn check_model_field(body: &[u8]) {
     let ours = find_model(body);
     check_prompt(body, &ours);
+    check_fields(body, &ours);
     match expected(body) {
         Expected::Either => {}
         Expected::Invalid => assert!(ours.is_err(), "serde_json refuses, find_model gave {ours:?}"),

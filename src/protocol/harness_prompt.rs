@@ -8,8 +8,8 @@
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::super::prompt::{find_model_and_prompt, PromptHasher};
-use super::super::{ModelError, ModelField};
+use super::super::prompt::{find_model_and_prompt, scan_body, PromptHasher};
+use super::super::{BodyFields, FieldValue, ModelError, ModelField, SESSION_ID_BYTES_MAX};
 
 /// An object's members in order, repeated keys kept, keys unescaped, values as sent.
 struct Members<'a>(Vec<(String, &'a RawValue)>);
@@ -120,5 +120,42 @@ pub fn check_prompt(body: &[u8], ours: &Result<ModelField<'_>, ModelError>) {
         assert_eq!(bytes, text.len(), "prompt text of {:?}", String::from_utf8_lossy(text));
         hasher.hash_text(text, &mut expected);
         assert_eq!(hashes, expected, "blocks of {block} of {:?}", String::from_utf8_lossy(text));
+    }
+}
+
+/// The top-level fields [`check_fields`] asks the scan for: OpenAI's two identity fields, a
+/// key that is usually an array, and a short one the fuzzer finds easily.
+pub const CHECK_FIELDS: [&str; 4] = ["prompt_cache_key", "user", "messages", "k"];
+
+/// What the `body:` session source `name` gives for `body`, restated on serde_json: the first
+/// top-level member of that (unescaped) name, if it is a string of 1 to
+/// [`SESSION_ID_BYTES_MAX`] bytes as sent, its contents as sent. `None` inside `Some` when
+/// absent; `None` when serde_json does not take the body for an object.
+pub fn reference_field(body: &[u8], name: &str) -> Option<Option<Vec<u8>>> {
+    let top = serde_json::from_slice::<Members<'_>>(body).ok()?.0;
+    let raw = first(&top, name).and_then(string);
+    Some(raw.filter(|raw| (1..=SESSION_ID_BYTES_MAX).contains(&raw.len())).map(<[u8]>::to_vec))
+}
+
+/// [`scan_body`] with [`CHECK_FIELDS`], with and without a prompt hasher, agrees with
+/// `find_model` on `body` (`ours`, its result) and, where both accept the body, finds each
+/// field where [`reference_field`] does.
+pub fn check_fields(body: &[u8], ours: &Result<ModelField<'_>, ModelError>) {
+    let names: Vec<Box<[u8]>> = CHECK_FIELDS.iter().map(|n| n.as_bytes().into()).collect();
+    let mut values = vec![FieldValue::String { start: 0, end: 0 }; names.len()];
+    let mut hasher = PromptHasher::new(16);
+    let mut hashes = Vec::new();
+    for hashing in [false, true] {
+        let prompt = hashing.then_some((&mut hasher, &mut hashes));
+        let fields = BodyFields { names: &names, values: &mut values };
+        let scanned = scan_body(body, prompt, fields);
+        assert_eq!(scanned.as_ref().map(|(f, _)| f), ours.as_ref(), "scan_body vs find_model");
+        if scanned.is_err() {
+            continue;
+        }
+        for (name, value) in CHECK_FIELDS.iter().zip(&values) {
+            let Some(expected) = reference_field(body, name) else { continue };
+            assert_eq!(value.get(body).map(<[u8]>::to_vec), expected, "top-level {name:?}");
+        }
     }
 }

@@ -43,7 +43,50 @@ pub struct ModelField<'a> {
 
 /// Finds the top-level `"model"` string of a JSON object body, validating the whole body.
 pub fn find_model(body: &[u8]) -> Result<ModelField<'_>, ModelError> {
-    find_model_observed(body, &mut Unobserved)
+    find_model_observed(body, &mut Unobserved, BodyFields::none())
+}
+
+/// What a scan found of one top-level field it was asked for (a `body:` session source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValue {
+    /// No top-level key of that name (yet).
+    #[default]
+    Unseen,
+    /// Its first member is not a string, is empty, or is longer than
+    /// [`super::SESSION_ID_BYTES_MAX`] bytes as sent: it counts as absent.
+    Absent,
+    /// Its first member is a string whose contents, as sent (escapes left as they are), lie at
+    /// `start..end` of the body.
+    String { start: usize, end: usize },
+}
+
+impl FieldValue {
+    /// The value's bytes as sent, if it is present.
+    pub fn get(self, body: &[u8]) -> Option<&[u8]> {
+        match self {
+            FieldValue::String { start, end } => Some(&body[start..end]),
+            FieldValue::Unseen | FieldValue::Absent => None,
+        }
+    }
+}
+
+/// The top-level fields a scan looks for besides `model` and `stream`, and where it writes what
+/// it finds: `values[i]` for `names[i]`. The caller owns both (the names built once, the
+/// values reused), so a scan allocates nothing for them; a key is compared after unescaping,
+/// as `"model"` is, and where a key repeats its first member counts.
+#[derive(Debug)]
+pub struct BodyFields<'f> {
+    /// The field names, as their unescaped bytes.
+    pub names: &'f [Box<[u8]>],
+    /// One per name; the scan starts by setting every one to [`FieldValue::Unseen`].
+    pub values: &'f mut [FieldValue],
+}
+
+impl BodyFields<'static> {
+    /// No fields.
+    pub fn none() -> BodyFields<'static> {
+        BodyFields { names: &[], values: &mut [] }
+    }
 }
 
 /// What a scan reports of the tokens it passes, for a caller that reads more of the body in the
@@ -64,7 +107,7 @@ pub(super) trait Observer {
 }
 
 /// The observer of a plain [`find_model`]: nothing, compiled away.
-struct Unobserved;
+pub(super) struct Unobserved;
 
 impl Observer for Unobserved {
     #[inline(always)]
@@ -77,12 +120,16 @@ impl Observer for Unobserved {
     fn close(&mut self, _: usize, _: usize) {}
 }
 
-/// [`find_model`], reporting every token to `observer` as the scan passes it.
+/// [`find_model`], reporting every token to `observer` as the scan passes it and recording the
+/// top-level `fields` (what they hold is meaningless when the body is refused).
 pub(super) fn find_model_observed<'a, O: Observer>(
     body: &'a [u8],
     observer: &mut O,
+    fields: BodyFields<'_>,
 ) -> Result<ModelField<'a>, ModelError> {
-    let mut s = Scanner::new(body, 0, observer);
+    assert_eq!(fields.names.len(), fields.values.len(), "a value per field name");
+    fields.values.fill(FieldValue::Unseen);
+    let mut s = Scanner::new(body, 0, observer, fields);
     s.skip_ws();
     match s.peek() {
         Some(b'{') => {}
@@ -112,7 +159,7 @@ pub(super) fn observe_value<O: Observer>(
     start: usize,
     observer: &mut O,
 ) -> Result<(), ModelError> {
-    Scanner::new(buf, start, observer).document()
+    Scanner::new(buf, start, observer, BodyFields::none()).document()
 }
 
 /// Appends `body` with the model token replaced by `new_model` as a JSON string; every other
@@ -195,7 +242,7 @@ enum Expect {
 
 /// The scan's position and nesting.
 #[derive(Debug)]
-struct Scanner<'a, 'o, O> {
+struct Scanner<'a, 'o, 'f, O> {
     buf: &'a [u8],
     pos: usize,
     /// Open arrays and objects.
@@ -208,6 +255,8 @@ struct Scanner<'a, 'o, O> {
     /// The last top-level `"stream"` was `true`.
     stream: bool,
     observer: &'o mut O,
+    /// The other top-level fields looked for, and what was found of them.
+    fields: BodyFields<'f>,
 }
 
 /// The top-level keys the scan looks for.
@@ -215,11 +264,13 @@ struct Scanner<'a, 'o, O> {
 enum TopKey {
     Model,
     Stream,
+    /// `fields.names[i]`, the first time it is seen.
+    Field(usize),
     Other,
 }
 
-impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
-    fn new(buf: &'a [u8], pos: usize, observer: &'o mut O) -> Self {
+impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
+    fn new(buf: &'a [u8], pos: usize, observer: &'o mut O, fields: BodyFields<'f>) -> Self {
         Scanner {
             buf,
             pos,
@@ -229,6 +280,7 @@ impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
             found: Found::None,
             stream: false,
             observer,
+            fields,
         }
     }
 
@@ -302,7 +354,10 @@ impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
             self.next = match () {
                 () if is(b"model") => TopKey::Model,
                 () if is(b"stream") => TopKey::Stream,
-                () => TopKey::Other,
+                () => match self.fields.names.iter().position(|name| is(name)) {
+                    Some(i) if self.fields.values[i] == FieldValue::Unseen => TopKey::Field(i),
+                    _ => TopKey::Other,
+                },
             };
         }
         self.skip_ws();
@@ -320,8 +375,12 @@ impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
             b'"' => {
                 let escaped = self.string()?;
                 self.observer.string(self.depth, start + 1..self.pos - 1);
-                if self.next == TopKey::Model {
-                    self.found(Found::String { token: start..self.pos, escaped })?;
+                match self.next {
+                    TopKey::Model => {
+                        self.found(Found::String { token: start..self.pos, escaped })?;
+                    }
+                    TopKey::Field(i) => self.field(i, start + 1, self.pos - 1),
+                    _ => {}
                 }
                 Expect::CommaOrEnd
             }
@@ -334,10 +393,22 @@ impl<'a, 'o, O: Observer> Scanner<'a, 'o, O> {
         match self.next {
             TopKey::Model => self.found(Found::NotString)?,
             TopKey::Stream => self.stream = b == b't',
-            TopKey::Other => {}
+            TopKey::Field(i) if self.fields.values[i] == FieldValue::Unseen => {
+                self.fields.values[i] = FieldValue::Absent;
+            }
+            TopKey::Field(_) | TopKey::Other => {}
         }
         self.next = TopKey::Other;
         Ok(next)
+    }
+
+    /// Records a looked-for field's first value, the string whose contents lie at `start..end`:
+    /// absent when empty or longer than a session id may be.
+    #[inline(never)]
+    fn field(&mut self, i: usize, start: usize, end: usize) {
+        let usable = (1..=super::SESSION_ID_BYTES_MAX).contains(&(end - start));
+        self.fields.values[i] =
+            if usable { FieldValue::String { start, end } } else { FieldValue::Absent };
     }
 
     /// Records the model value (or its absence of stringness), refusing a second one.

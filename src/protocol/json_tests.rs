@@ -22,6 +22,9 @@ fn key() -> impl Strategy<Value = String> {
         1 => Just("modeL".to_owned()),
         1 => Just("messages".to_owned()),
         1 => Just("stream".to_owned()),
+        1 => Just("prompt_cache_key".to_owned()),
+        1 => Just("us\\u0065r".to_owned()),
+        1 => Just("k".to_owned()),
         2 => "[a-z]{0,6}",
     ]
 }
@@ -304,6 +307,44 @@ fn swar_test_finds_the_first_special_byte() {
             }
         }
     }
+}
+
+/// The top-level fields of `body` named `names`, as [`scan_body`] records them.
+fn fields_of(body: &str, names: &[&str]) -> Vec<Option<String>> {
+    let names: Vec<Box<[u8]>> = names.iter().map(|n| n.as_bytes().into()).collect();
+    let mut values = vec![FieldValue::Absent; names.len()];
+    let fields = BodyFields { names: &names, values: &mut values };
+    crate::protocol::scan_body(body.as_bytes(), None, fields).expect("a valid body");
+    let text = |v: &FieldValue| v.get(body.as_bytes()).map(|b| String::from_utf8_lossy(b).into());
+    values.iter().map(text).collect()
+}
+
+#[test]
+fn top_level_fields_are_found_in_the_same_pass() {
+    let body = r#"{"model":"m","prompt_cache_key":"conv-1","messages":[{"user":"no"}],"user":"u"}"#;
+    assert_eq!(
+        fields_of(body, &["prompt_cache_key", "user", "conversation"]),
+        [Some("conv-1".to_owned()), Some("u".to_owned()), None]
+    );
+    // Keys compare after unescaping; values are as sent.
+    let body = r#"{"prompt_c\u0061che_key":"a\"b","model":"m"}"#;
+    assert_eq!(fields_of(body, &["prompt_cache_key"]), [Some("a\\\"b".to_owned())]);
+    // Not a string, empty or too long: absent. The first member counts.
+    let long = "x".repeat(crate::protocol::SESSION_ID_BYTES_MAX + 1);
+    let body =
+        format!(r#"{{"a":1,"b":"","c":"{long}","d":"first","d":"second","a":"late","model":"m"}}"#);
+    assert_eq!(fields_of(&body, &["a", "b", "c", "d"]), [None, None, None, Some("first".into())]);
+    let at_limit = "y".repeat(crate::protocol::SESSION_ID_BYTES_MAX);
+    let body = format!(r#"{{"model":"m","k":"{at_limit}"}}"#);
+    assert_eq!(fields_of(&body, &["k"]), [Some(at_limit)]);
+    // Nested keys of the same name never count; the scan still validates the whole body.
+    let body = r#"{"model":"m","metadata":{"prompt_cache_key":"nested"}}"#;
+    assert_eq!(fields_of(body, &["prompt_cache_key"]), [None]);
+    let names: Vec<Box<[u8]>> = vec![b"k"[..].into()];
+    let mut values = [FieldValue::Unseen];
+    let refused = br#"{"k":"v","model":"m",}"#;
+    let scan = BodyFields { names: &names, values: &mut values };
+    assert!(crate::protocol::scan_body(refused, None, scan).is_err());
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! - [`json`]: [`find_model`], a one-pass validating scan for the top-level `"model"` string, and
 //!   [`rewrite_model`] (SPEC 2.3, 2.6).
 //! - [`prompt`]: [`find_model_and_prompt`], the same scan also cutting the prompt into chained
-//!   block hashes for prefix-cost placement (SPEC S16), and its [`PromptHasher`].
+//!   block hashes for prefix-cost placement (SPEC S16), and its [`PromptHasher`]; [`scan_body`]
+//!   also records the top-level fields of the `body:` session sources ([`BodyFields`]).
 //! - [`usage`]: [`UsageScanner`], the `prompt_tokens` and `cached_tokens` an engine reports in a
 //!   response body, read as the body is relayed.
 //! - [`forward`]: [`write_upstream_head`], the request head sent to a backend (SPEC 2.6).
@@ -56,8 +57,8 @@ pub mod harness;
 pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
 pub use forward::{write_upstream_head, ForwardInfo};
-pub use json::{find_model, rewrite_model, write_json_string, ModelField};
-pub use prompt::{find_model_and_prompt, PromptHasher};
+pub use json::{find_model, rewrite_model, write_json_string, BodyFields, FieldValue, ModelField};
+pub use prompt::{find_model_and_prompt, scan_body, PromptHasher};
 pub use relay::BodyRelay;
 pub use request::{parse_request_head, Framing, RequestHead};
 pub use response::{
@@ -146,7 +147,7 @@ impl Span {
 
     /// The span of `part`, a subslice of `buf`. An empty part (which httparse may hand out as
     /// a static `""`) is the empty span at 0.
-    fn of(buf: &[u8], part: &[u8]) -> Span {
+    pub fn of(buf: &[u8], part: &[u8]) -> Span {
         if part.is_empty() {
             return Span::default();
         }

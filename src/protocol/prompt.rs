@@ -58,8 +58,10 @@ use std::ops::Range;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::error::ModelError;
+#[cfg(any(doc, test))]
+use super::json::find_model;
 use super::json::{
-    find_model, find_model_observed, observe_value, unescaped_eq, ModelField, Observer,
+    find_model_observed, observe_value, unescaped_eq, BodyFields, ModelField, Observer, Unobserved,
 };
 
 /// [`find_model`] and, when `prompt` is given, the chained hashes of the body's prompt, in one
@@ -70,12 +72,22 @@ pub fn find_model_and_prompt<'a>(
     body: &'a [u8],
     prompt: Option<(&mut PromptHasher, &mut Vec<u64>)>,
 ) -> Result<(ModelField<'a>, usize), ModelError> {
+    scan_body(body, prompt, BodyFields::none())
+}
+
+/// [`find_model_and_prompt`] that also records the top-level `fields` (the `body:` session
+/// sources) in the same pass: what the shard runs on every inference request.
+pub fn scan_body<'a>(
+    body: &'a [u8],
+    prompt: Option<(&mut PromptHasher, &mut Vec<u64>)>,
+    fields: BodyFields<'_>,
+) -> Result<(ModelField<'a>, usize), ModelError> {
     let Some((hasher, out)) = prompt else {
-        return find_model(body).map(|field| (field, 0));
+        return find_model_observed(body, &mut Unobserved, fields).map(|field| (field, 0));
     };
     hasher.reset(out);
     let mut walk = PromptWalk::new(body, hasher, out, Level::Top);
-    let found = find_model_observed(body, &mut walk);
+    let found = find_model_observed(body, &mut walk, fields);
     if found.is_ok() {
         walk.flush_batch();
     }

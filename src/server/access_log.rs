@@ -241,7 +241,10 @@ pub struct Record<'a> {
     pub method: &'a [u8],
     pub path: &'a [u8],
     pub model: Option<&'a str>,
+    /// The session id; a body field's value as sent (escapes left as they are).
     pub session: Option<&'a [u8]>,
+    /// Which source gave the session (issue [10]): `header`, `body` or `none`.
+    pub session_source: &'static str,
     pub backend: Option<&'a str>,
     /// 0 when no status was sent (the client left first).
     pub status: u16,
@@ -273,7 +276,9 @@ pub fn format_line(record: &Record<'_>, out: &mut Vec<u8>) {
     bytes_or_null(record.model.map(str::as_bytes), out);
     out.extend_from_slice(b",\"session\":");
     bytes_or_null(record.session, out);
-    out.extend_from_slice(b",\"backend\":");
+    out.extend_from_slice(b",\"session_source\":\"");
+    out.extend_from_slice(record.session_source.as_bytes());
+    out.extend_from_slice(b"\",\"backend\":");
     bytes_or_null(record.backend.map(str::as_bytes), out);
     out.extend_from_slice(b",\"status\":");
     match record.status {
@@ -367,6 +372,7 @@ mod tests {
             path: b"/v1/chat/completions",
             model: Some("m"),
             session: Some(b"s\"1"),
+            session_source: "body",
             backend: Some("127.0.0.1:8000"),
             status: 200,
             lane: Some(Lane::Boosted),
@@ -387,6 +393,7 @@ mod tests {
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(value["time"], "2023-11-14T22:13:20.123Z");
         assert_eq!(value["session"], "s\"1");
+        assert_eq!(value["session_source"], "body");
         assert_eq!(value["lane"], "boosted");
         assert_eq!(value["queue_wait_us"], 1500);
         assert_eq!(value["ttfb_us"], 20_000);

@@ -58,6 +58,9 @@ pub struct Model {
     pub upstream_model_json: Option<Vec<u8>>,
     /// The session header, lowercase.
     pub session_header: String,
+    /// Issue [10]: where a request's session identity comes from, in order (the first present
+    /// wins), resolved against the generation's [`Generation::body_fields`].
+    pub session_sources: Vec<SessionSource>,
     pub backends: Vec<BackendAddr>,
     pub inbox: Arc<Inbox>,
     pub report: Arc<Mutex<Report>>,
@@ -73,6 +76,17 @@ impl Model {
     pub fn live_backends(&self) -> Vec<bool> {
         self.backends.iter().map(|b| b.live).collect()
     }
+}
+
+/// One session source of a model, as the shard looks it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionSource {
+    /// A request header, lowercase. `strict` for the model's `session_header`, whose invalid
+    /// values are refused (400, SPEC 2.4) as they always were; any other header's invalid value
+    /// counts as absent.
+    Header { name: String, strict: bool },
+    /// A top-level body field: its index in [`Generation::body_fields`].
+    Body(usize),
 }
 
 /// The configuration as the dataplane reads it, one generation.
@@ -92,6 +106,10 @@ pub struct Generation {
     /// The prompt block size of the live models that hash prompts (prefix-cost), when there
     /// are any: the shards hash every body in the pass that finds its model.
     pub prompt_block_bytes: Option<usize>,
+    /// The `body:` session source fields of every model, each once: the body scan records them
+    /// all in the pass that finds the model (which it does not know before), and each model's
+    /// sources pick theirs by index.
+    pub body_fields: Vec<Box<[u8]>>,
 }
 
 /// A model that needs a scheduler: the host to run on shard `home`.
@@ -138,6 +156,7 @@ impl Generation {
             let model = &mut models[index];
             update_model(model, model_config)?;
         }
+        let body_fields = resolve_session_sources(&mut models);
         let by_name = (0u16..)
             .zip(&models)
             .filter(|(_, m)| m.live)
@@ -155,8 +174,16 @@ impl Generation {
             .filter(|m| m.live && m.prompts.is_some())
             .map(|m| m.config.queue.prefix_block_bytes as usize)
             .max();
-        let generation =
-            Generation { number, config, models, by_name, limits, models_json, prompt_block_bytes };
+        let generation = Generation {
+            number,
+            config,
+            models,
+            by_name,
+            limits,
+            models_json,
+            prompt_block_bytes,
+            body_fields,
+        };
         Ok((generation, hosts))
     }
 
@@ -264,6 +291,7 @@ fn new_model(
         config: model.clone(),
         upstream_model_json: None,
         session_header: String::new(),
+        session_sources: Vec::new(),
         backends,
         inbox,
         report: Arc::clone(host.report()),
@@ -271,6 +299,36 @@ fn new_model(
         live: true,
     };
     Ok((entry, host))
+}
+
+/// Sets every model's session sources from its configuration and returns the body fields they
+/// name, each once, in the order first named (models in index order).
+fn resolve_session_sources(models: &mut [Model]) -> Vec<Box<[u8]>> {
+    let mut fields: Vec<Box<[u8]>> = Vec::new();
+    for model in models {
+        let sources = model.config.queue.effective_session_sources();
+        model.session_sources = sources
+            .into_iter()
+            .map(|source| match source {
+                config::SessionSource::Header(name) => {
+                    let name = name.to_ascii_lowercase();
+                    let strict = name == model.session_header;
+                    SessionSource::Header { name, strict }
+                }
+                config::SessionSource::Body(field) => {
+                    let index = match fields.iter().position(|f| **f == *field.as_bytes()) {
+                        Some(index) => index,
+                        None => {
+                            fields.push(field.into_bytes().into_boxed_slice());
+                            fields.len() - 1
+                        }
+                    };
+                    SessionSource::Body(index)
+                }
+            })
+            .collect();
+    }
+    fields
 }
 
 /// Brings `model` to `config`: its settings, and its backends (kept by authority, new ones

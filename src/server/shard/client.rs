@@ -20,18 +20,19 @@ use slab::Slab;
 use crate::clock::Tick;
 use crate::protocol::prompt::PromptHasher;
 use crate::protocol::{
-    find_model_and_prompt, parse_request_head, write_error, write_protocol_error, ChunkedDecoder,
-    Framing, ProtocolError, RequestHead, Side, Version,
+    parse_request_head, scan_body, write_error, write_protocol_error, BodyFields, ChunkedDecoder,
+    FieldValue, Framing, ProtocolError, RequestHead, Side, Span, Version,
 };
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::{Arrival, Input, Output, RequestId, Usage};
 use crate::server::access_log::{self, Outcome, ShardLog};
+use crate::server::generation::{Generation, Model, SessionSource};
 use crate::server::metrics::ShardMetrics;
 
 use super::answer::{rejection, write_json, write_router_error, AnswerTo, ErrorAnswer};
 use super::connection::{discard_unread, read_away, Client, Phase};
 use super::request::{
-    format_request_id, hash_session, session_value, Admission, Request, Requests,
+    format_request_id, hash_session, session_value, Admission, Request, Requests, Session,
 };
 use super::upstream::Upstreams;
 use super::{Cx, Owner, CLIENT_HIGH_WATER, KEEP_BUFFER_MAX, READ_CHUNK};
@@ -92,6 +93,8 @@ pub(super) struct Clients {
     prompt_hasher: PromptHasher,
     /// The block hashes of the last body scanned (see `route`).
     prompt_scratch: Vec<u64>,
+    /// What the last body scanned holds of the generation's `body:` session fields.
+    field_values: Vec<FieldValue>,
     /// This shard's access-log buffer, when the log is on, and the line being formatted.
     log: Option<Arc<ShardLog>>,
     log_line: Vec<u8>,
@@ -111,6 +114,7 @@ impl Clients {
             scratch: Vec::with_capacity(16 << 10),
             prompt_hasher: PromptHasher::new(256),
             prompt_scratch: Vec::new(),
+            field_values: Vec::new(),
             log,
             log_line: Vec::with_capacity(1024),
         }
@@ -489,9 +493,10 @@ impl Clients {
         }
     }
 
-    /// Where an inference request goes: one pass over its body finds the model and, when a
-    /// model hashes prompts, the prompt's block hashes (into `prompt_scratch`; copied into the
-    /// model's pool slot by `prompt_slot`); then its session header gives the session key.
+    /// Where an inference request goes: one pass over its body finds the model, records the
+    /// `body:` session fields of every model (into `field_values`) and, when a model hashes
+    /// prompts, the prompt's block hashes (into `prompt_scratch`; copied into the model's pool
+    /// slot by `prompt_slot`); then the model's session sources, in order, give the session.
     fn route(&mut self, key: usize, cx: &Cx) -> Result<Route, Refusal> {
         let gen = cx.gen;
         let c = &self.conns[key];
@@ -504,8 +509,11 @@ impl Clients {
         }
         let hasher =
             gen.prompt_block_bytes.map(|_| (&mut self.prompt_hasher, &mut self.prompt_scratch));
+        // No allocation once the vector has grown to the generation's field count.
+        self.field_values.resize(gen.body_fields.len(), FieldValue::Unseen);
+        let fields = BodyFields { names: &gen.body_fields, values: &mut self.field_values };
         let refusal = |status, code, message, model| Refusal { status, code, message, model };
-        let field = match find_model_and_prompt(body, hasher) {
+        let field = match scan_body(body, hasher, fields) {
             Ok((field, _)) => field,
             Err(e) => return Err(refusal(400, "invalid_request", e.to_string().into(), None)),
         };
@@ -518,13 +526,12 @@ impl Clients {
         req.streaming = streaming;
         req.model_token = token;
         let m = &gen.models[usize::from(model)];
-        let session = if m.session_header == gen.limits.session_header {
-            Ok(req.head.session_id(&c.rbuf))
-        } else {
-            session_value(req.head.headers.get(&c.rbuf, &m.session_header))
-        };
-        match session {
-            Ok(session) => Ok(Route { model, session: session.map(hash_session), body_len }),
+        match find_session(m, gen, req, &c.rbuf, &self.field_values) {
+            Ok(session) => {
+                req.session = session;
+                let session = req.session_value(&c.rbuf).map(hash_session);
+                Ok(Route { model, session, body_len })
+            }
             Err(message) => Err(refusal(400, "invalid_request", message.into(), Some(model))),
         }
     }
@@ -903,11 +910,10 @@ impl Clients {
         let Some(c) = self.conns.get(key) else { return };
         let (gen, req) = (cx.gen, &self.requests[slot]);
         let model = req.model.map(|m| &gen.models[usize::from(m)]);
-        let session = match model {
-            Some(m) if m.session_header != gen.limits.session_header => {
-                session_value(req.head.headers.get(&c.rbuf, &m.session_header)).ok().flatten()
-            }
-            _ => req.head.session_id(&c.rbuf),
+        // A request refused before it was routed logs the session header it came with.
+        let (session, session_source) = match (req.session, req.head.session_id(&c.rbuf)) {
+            (Session::None, Some(id)) if model.is_none() => (Some(id), "header"),
+            (session, _) => (req.session_value(&c.rbuf), session.source_name()),
         };
         let mut generated = [0u8; 19];
         let request_id = match req.head.request_id {
@@ -923,6 +929,7 @@ impl Clients {
             path: req.head.path(&c.rbuf),
             model: model.map(|m| m.name.as_str()),
             session,
+            session_source,
             backend: model
                 .zip(admission)
                 .map(|(m, a)| m.backends[usize::from(a.backend)].authority.as_str()),
@@ -939,6 +946,43 @@ impl Clients {
         access_log::format_line(&record, &mut self.log_line);
         log.push(&self.log_line);
     }
+}
+
+/// The session of `req`, routed to model `m`: its sources in order, the first present wins (a
+/// header whose value is empty after trimming, or a body field that is not a usable string, is
+/// not present). The model's own `session_header` keeps SPEC 2.4's rule, an invalid value is a
+/// 400 (the message); another header's invalid value counts as absent.
+fn find_session(
+    m: &Model,
+    gen: &Generation,
+    req: &Request,
+    rbuf: &[u8],
+    fields: &[FieldValue],
+) -> Result<Session, &'static str> {
+    for source in &m.session_sources {
+        match source {
+            // Checked when the head was parsed (a bad value was answered 400 then).
+            SessionSource::Header { name, .. } if *name == gen.limits.session_header => {
+                if let Some(span) = req.head.session_id {
+                    return Ok(Session::Header(span));
+                }
+            }
+            SessionSource::Header { name, strict } => {
+                match session_value(req.head.headers.get(rbuf, name)) {
+                    Ok(Some(value)) => return Ok(Session::Header(Span::of(rbuf, value))),
+                    Ok(None) => {}
+                    Err(message) if *strict => return Err(message),
+                    Err(_) => {}
+                }
+            }
+            SessionSource::Body(index) => {
+                if let FieldValue::String { start, end } = fields[*index] {
+                    return Ok(Session::Body { start, end });
+                }
+            }
+        }
+    }
+    Ok(Session::None)
 }
 
 /// S16: a pool slot holding the chained block hashes of `body`'s prompt, or [`NO_PROMPT`] when

@@ -18,7 +18,7 @@ use std::ops::{Index, IndexMut, Range};
 use crate::clock::Tick;
 use crate::protocol::usage::UsageScanner;
 use crate::protocol::SESSION_ID_BYTES_MAX;
-use crate::protocol::{ChunkedDecoder, ErrorKind, ProtocolError, RequestHead};
+use crate::protocol::{ChunkedDecoder, ErrorKind, ProtocolError, RequestHead, Span};
 use crate::scheduler::{Lane, RequestId};
 use crate::server::metrics::UpstreamError;
 
@@ -33,6 +33,30 @@ pub(super) struct Admission {
     pub(super) backend: u16,
     pub(super) lane: Lane,
     pub(super) waited: Tick,
+}
+
+/// Which session source identified the request (issue [10]) and where the value lies: what
+/// the session key was hashed from, the debug header names and the access log writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Session {
+    /// No source was present (or none was looked for yet).
+    #[default]
+    None,
+    /// A header: the trimmed value's span in the client's `rbuf`.
+    Header(Span),
+    /// A body field: its string's contents, as sent, at `start..end` of [`Request::body`].
+    Body { start: usize, end: usize },
+}
+
+impl Session {
+    /// The `x-warmpath-session-source` value and the access log's `session_source`.
+    pub(super) fn source_name(self) -> &'static str {
+        match self {
+            Session::None => "none",
+            Session::Header(_) => "header",
+            Session::Body { .. } => "body",
+        }
+    }
 }
 
 /// The request a client connection is working on. Its head's spans point into `Client::rbuf`.
@@ -51,6 +75,8 @@ pub(super) struct Request {
     pub(super) streaming: bool,
     /// The `"model"` string token in the body (what `upstream_model` replaces).
     pub(super) model_token: Range<usize>,
+    /// Where its session identity came from (set when it is routed).
+    pub(super) session: Session,
     pub(super) admission: Option<Admission>,
     /// Bytes counted in the shard's buffered-bytes gauge while queued.
     pub(super) buffered: u64,
@@ -93,6 +119,7 @@ impl Request {
             started: now,
             streaming: false,
             model_token: 0..0,
+            session: Session::None,
             admission: None,
             buffered: 0,
             reconnected: false,
@@ -114,6 +141,15 @@ impl Request {
         match self.decoder {
             Some(_) => &self.decoded,
             None => &rbuf[self.head.head_len..self.raw_len],
+        }
+    }
+
+    /// The session id's bytes, from whichever source gave them.
+    pub(super) fn session_value<'a>(&'a self, rbuf: &'a [u8]) -> Option<&'a [u8]> {
+        match self.session {
+            Session::None => None,
+            Session::Header(span) => Some(span.get(rbuf)),
+            Session::Body { start, end } => Some(&self.body(rbuf)[start..end]),
         }
     }
 

@@ -145,10 +145,11 @@ impl Upstream {
             &mut wait,
         );
         let backend = &gen.models[model].backends[usize::from(admission.backend)];
-        let debug: [(&str, &[u8]); 3] = [
+        let debug: [(&str, &[u8]); 4] = [
             ("x-warmpath-lane", lane_name(admission.lane)),
             ("x-warmpath-queue-wait-us", wait),
             ("x-warmpath-backend", backend.authority.as_bytes()),
+            ("x-warmpath-session-source", req.session.source_name().as_bytes()),
         ];
         let extra: &[(&str, &[u8])] = if gen.config.server.debug_headers { &debug } else { &[] };
         let plan = write_client_response_head(&head, &self.rbuf, &mut c.wbuf, &client, extra);

@@ -11,7 +11,7 @@
 # (warmpath_requests_total on its admin listener, read before shutdown).
 #
 # Usage: perf/proxy_instructions.sh BINARY...
-# Environment (defaults): SCENARIO=small (or stream) SHARDS=1 CONNS=4 DURATION=10 WARMUP=200
+# Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=10 WARMUP=200
 #   BASE_PORT=18300. Needs valgrind, wrk and nginx with the echo module (as proxy_compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +49,14 @@ done >"$TMP/backend/sse.conf"
 printf "echo -n 'data: [DONE]\\\\n\\\\n';\n" >>"$TMP/backend/sse.conf"
 body='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
 path=/v1/chat/completions
-if [[ $SCENARIO == stream ]]; then
-  body="${body%\}},\"stream\":true}" path=/v1/stream/chat/completions
-fi
+case $SCENARIO in
+  small) ;;
+  stream) body="${body%\}},\"stream\":true}" path=/v1/stream/chat/completions ;;
+  body64k) # 65,536 bytes exactly, as perf/proxy_compare.sh's: the user message padded
+    body=$(printf '{"model":"bench-model","messages":[{"role":"user","content":"Say hello.%s"}],"max_tokens":16}' \
+      "$(head -c $((65536 - ${#body})) /dev/zero | tr '\0' 'x')") ;;
+  *) echo "SCENARIO is small, stream or body64k" >&2; exit 2 ;;
+esac
 printf '%s' "$body" >"$TMP/body.json"
 
 nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" &

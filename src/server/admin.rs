@@ -1,5 +1,6 @@
 //! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue`,
-//! `GET /debug/backends` and `GET /debug/config` (JSON), and `POST /admin/reload` (a live
+//! `GET /debug/backends` and `GET /debug/config` (JSON), `GET /status` (the HTML status page,
+//! [`status`](super::status)), and `POST /admin/reload` (a live
 //! reload, as SIGHUP; 200 with the new generation, 409 with the error when refused). One thread, blocking I/O, one request per connection with
 //! short timeouts: scrapes are rare and small, and this keeps the admin path off the shards.
 
@@ -115,11 +116,31 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 serde_json::to_vec_pretty(&debug_config(shared)).map_err(io::Error::other)?;
             respond(&mut stream, 200, "application/json", &body)
         }
+        "/status" => {
+            let page = super::status::render(shared);
+            let policy = super::status::content_security_policy();
+            let headers = format!(
+                "Content-Security-Policy: {policy}\r\nCache-Control: no-store\r\n\
+                 X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
+            );
+            respond_with(&mut stream, 200, "text/html; charset=utf-8", &headers, page.as_bytes())
+        }
         _ => respond(&mut stream, 404, "text/plain", b"not found\n"),
     }
 }
 
 fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) -> io::Result<()> {
+    respond_with(stream, status, content_type, "", body)
+}
+
+/// A response with `headers` (complete lines, each ending in CRLF) after the content type.
+fn respond_with(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    headers: &str,
+    body: &[u8],
+) -> io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -128,7 +149,7 @@ fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8])
         _ => "Method Not Allowed",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{headers}Content-Length: {}\r\n\
          Connection: close\r\n\r\n",
         body.len()
     );

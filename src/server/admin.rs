@@ -282,8 +282,8 @@ pub fn backends_json(
     rate: TickRate,
 ) -> serde_json::Value {
     let mut backends = Vec::new();
+    let stale_after = rate.ticks(generation.config.upstream.metrics_stale_after);
     for (model, report) in generation.models.iter().zip(reports) {
-        let stale_after = rate.ticks(generation.config.upstream.metrics_stale_after);
         for (backend, b) in model.backends.iter().zip(&report.backends) {
             let scraped = b.scraped_at > 0;
             let age_ms = scraped

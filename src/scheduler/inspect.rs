@@ -7,7 +7,19 @@ use crate::ring::prompt_pool::NO_PROMPT;
 
 use super::estimate::{BackendEstimates, TokenRate};
 use super::policy::Backend;
-use super::{placement, Lane, Params, Scheduler, Stats, Timer};
+use super::{placement, Lane, Params, RequestId, Scheduler, Stats, Timer};
+
+/// A queued request as [`Scheduler::oldest_waiting`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    pub id: RequestId,
+    pub arrived_at: Tick,
+    pub lane: Lane,
+    /// It named a session (any source).
+    pub has_session: bool,
+    /// Upstream attempts that failed retryably so far.
+    pub retries: u8,
+}
 
 impl Scheduler {
     /// Whether `backend` was removed by a reconfiguration.
@@ -84,6 +96,34 @@ impl Scheduler {
             self.queue.first(Lane::Normal),
         ];
         heads.into_iter().flatten().map(|index| self.queue.get(index).arrived_at).min()
+    }
+
+    /// Appends to `out` (cleared first) the `max` longest-waiting queued requests, oldest
+    /// first: a merge of the lanes' arrival-ordered lists, O(`max`) whatever the queue's depth
+    /// (the retry lane is in retry order, as for [`Scheduler::oldest_arrival`]).
+    pub fn oldest_waiting(&self, max: usize, out: &mut Vec<Waiting>) {
+        out.clear();
+        let mut cursors = [
+            self.queue.first(Lane::Retry),
+            self.queue.first(Lane::Forced),
+            self.queue.oldest_boosted(),
+            self.queue.first(Lane::Normal),
+        ];
+        while out.len() < max {
+            let oldest = (0..cursors.len())
+                .filter_map(|lane| cursors[lane].map(|index| (lane, index)))
+                .min_by_key(|&(_, index)| self.queue.get(index).arrived_at);
+            let Some((lane, index)) = oldest else { break };
+            let entry = self.queue.get(index);
+            out.push(Waiting {
+                id: RequestId(entry.id),
+                arrived_at: entry.arrived_at,
+                lane: Lane::ALL[lane],
+                has_session: entry.has_session,
+                retries: entry.retries,
+            });
+            cursors[lane] = self.queue.next_in_lane(index);
+        }
     }
 
     /// What the scheduler learned of `backend`.

@@ -67,6 +67,7 @@ use crate::clock::Tick;
 use crate::ring::prompt_pool::NO_PROMPT;
 use crate::wheel::{TimerKey, TimerWheel};
 use estimate::Learned;
+pub use inspect::Waiting;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Place, Queue, NIL, NO_BACKEND};

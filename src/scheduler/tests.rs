@@ -803,3 +803,31 @@ fn raised_limits_grow_the_queue_and_lowered_ones_apply_to_new_arrivals() {
     assert!(admitted(&h.complete(1)).is_empty(), "inflight 1 is at the lowered cap");
     assert_eq!(admitted(&h.complete(2)), vec![3]);
 }
+
+/// `oldest_waiting` merges the lanes by arrival and stops at its bound.
+#[test]
+fn oldest_waiting_lists_the_longest_waiting_across_lanes() {
+    let mut h = Harness::new(params());
+    h.at(MS).arrive(1, Some(7));
+    h.at(2 * MS).complete(1);
+    h.at(3 * MS).arrive(2, None); // admitted: the one slot
+    h.at(4 * MS).arrive(3, None);
+    h.at(5 * MS).arrive(4, Some(7));
+    h.at(6 * MS).arrive(5, None);
+    h.at(7 * MS).arrive(6, Some(7));
+    let mut out = Vec::new();
+    h.s.oldest_waiting(3, &mut out);
+    let seen: Vec<(u64, Lane, Tick, bool)> =
+        out.iter().map(|w| (w.id.0, w.lane, w.arrived_at, w.has_session)).collect();
+    assert_eq!(
+        seen,
+        [
+            (3, Lane::Normal, 4 * MS, false),
+            (4, Lane::Boosted, 5 * MS, true),
+            (5, Lane::Normal, 6 * MS, false),
+        ]
+    );
+    h.s.oldest_waiting(10, &mut out);
+    assert_eq!(out.iter().map(|w| w.id.0).collect::<Vec<_>>(), [3, 4, 5, 6]);
+    assert_eq!(out[0].arrived_at, h.s.oldest_arrival().unwrap());
+}

@@ -1,5 +1,6 @@
 //! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue`,
-//! `GET /debug/backends` and `GET /debug/config` (JSON), and `POST /admin/reload` (a live
+//! `GET /debug/backends` and `GET /debug/config` (JSON), `GET /status` (the HTML status page,
+//! [`status`](super::status)), and `POST /admin/reload` (a live
 //! reload, as SIGHUP; 200 with the new generation, 409 with the error when refused). One thread, blocking I/O, one request per connection with
 //! short timeouts: scrapes are rare and small, and this keeps the admin path off the shards.
 
@@ -11,11 +12,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::clock::{Tick, TickRate};
-use crate::config::Setting;
+use crate::config::{QueueConfig, Setting};
 use crate::scheduler::estimate::{BackendEstimates, TokenRate};
 use crate::scheduler::Lane;
 
 use super::exposition::{hit_ratios, reports};
+use super::generation::{Generation, Model};
+use super::report::{BackendReport, Report, OLDEST_WAITING_MAX};
 use super::Shared;
 
 /// Longest admin request head read.
@@ -113,11 +116,31 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 serde_json::to_vec_pretty(&debug_config(shared)).map_err(io::Error::other)?;
             respond(&mut stream, 200, "application/json", &body)
         }
+        "/status" => {
+            let page = super::status::render(shared);
+            let policy = super::status::content_security_policy();
+            let headers = format!(
+                "Content-Security-Policy: {policy}\r\nCache-Control: no-store\r\n\
+                 X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
+            );
+            respond_with(&mut stream, 200, "text/html; charset=utf-8", &headers, page.as_bytes())
+        }
         _ => respond(&mut stream, 404, "text/plain", b"not found\n"),
     }
 }
 
 fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) -> io::Result<()> {
+    respond_with(stream, status, content_type, "", body)
+}
+
+/// A response with `headers` (complete lines, each ending in CRLF) after the content type.
+fn respond_with(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    headers: &str,
+    body: &[u8],
+) -> io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -126,7 +149,7 @@ fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8])
         _ => "Method Not Allowed",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{headers}Content-Length: {}\r\n\
          Connection: close\r\n\r\n",
         body.len()
     );
@@ -142,63 +165,99 @@ pub fn render_metrics(shared: &Shared) -> String {
 
 /// `GET /debug/queue`.
 pub fn debug_queue(shared: &Shared) -> serde_json::Value {
-    let now = shared.clock.now();
-    let rate = shared.clock.rate();
     let generation = shared.generation();
+    queue_json(&generation, &reports(&generation), shared.clock.now(), shared.clock.rate())
+}
+
+/// `/debug/queue`'s document for `generation` with its models' `reports` (in model order), at
+/// `now`.
+pub fn queue_json(
+    generation: &Generation,
+    reports: &[Report],
+    now: Tick,
+    rate: TickRate,
+) -> serde_json::Value {
     let models: Vec<serde_json::Value> = generation
         .models
         .iter()
-        .zip(reports(&generation))
-        .map(|(model, report)| {
-            let config = &model.config;
-            let depth: serde_json::Map<String, serde_json::Value> = Lane::ALL
-                .iter()
-                .map(|&lane| (lane.name().to_owned(), report.depth[lane as usize].into()))
-                .collect();
-            let queued: u32 = report.depth.iter().sum();
-            let oldest_wait_ms = report
-                .oldest_arrival
-                .map(|at| rate.duration(now.saturating_sub(at)).as_secs_f64() * 1e3);
-            let backends: Vec<serde_json::Value> = model
-                .backends
-                .iter()
-                .zip(&report.backends)
-                .map(|(backend, b)| {
-                    serde_json::json!({
-                        "backend": backend.authority,
-                        "inflight": b.inflight,
-                        "prefill_tokens": b.prefill_tokens,
-                        "held_slots": b.holds,
-                        "usable": b.healthy && !b.ejected && backend.live,
-                        "live": backend.live,
-                    })
-                })
-                .collect();
-            let q = &config.queue;
+        .zip(reports)
+        .map(|(model, report)| model_queue_json(model, report, now, rate))
+        .collect();
+    serde_json::json!({ "models": models })
+}
+
+/// One model of `/debug/queue`.
+fn model_queue_json(
+    model: &Model,
+    report: &Report,
+    now: Tick,
+    rate: TickRate,
+) -> serde_json::Value {
+    let per_lane = |values: [u64; 4]| -> serde_json::Map<String, serde_json::Value> {
+        Lane::ALL
+            .iter()
+            .map(|&lane| (lane.name().to_owned(), values[lane as usize].into()))
+            .collect()
+    };
+    let queued: u32 = report.depth.iter().sum();
+    let since = |at: Tick| rate.duration(now.saturating_sub(at)).as_secs_f64() * 1e3;
+    let backends: Vec<serde_json::Value> = model
+        .backends
+        .iter()
+        .zip(&report.backends)
+        .map(|(backend, b)| {
             serde_json::json!({
-                "model": model.name,
-                "live": model.live,
-                "queued": queued,
-                "depth": depth,
-                "inflight": report.inflight,
-                "sessions_tracked": report.sessions_tracked,
-                "oldest_wait_ms": oldest_wait_ms,
-                "limits": {
-                    "strategy": q.strategy.name(),
-                    "max_queued": q.max_queued,
-                    "inflight_per_backend": q.inflight_per_backend,
-                    "prefill_tokens_per_backend": setting_json(q.prefill_tokens_per_backend),
-                    "timeout_ms": q.timeout.as_millis() as u64,
-                    "max_overtakes": q.max_overtakes,
-                    "boosted_streak_max": q.boosted_streak_max,
-                    "grace_period_ms": q.grace_period.as_millis() as u64,
-                    "max_sessions": q.max_sessions,
-                },
-                "backends": backends,
+                "backend": backend.authority,
+                "inflight": b.inflight,
+                "prefill_tokens": b.prefill_tokens,
+                "held_slots": b.holds,
+                "usable": b.healthy && !b.ejected && backend.live,
+                "live": backend.live,
             })
         })
         .collect();
-    serde_json::json!({ "models": models })
+    let oldest: Vec<serde_json::Value> = report
+        .oldest_waiting
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "id": format!("wp-{:016x}", w.id.0),
+                "lane": w.lane.name(),
+                "wait_ms": since(w.arrived_at),
+                "session": w.has_session,
+                "retries": w.retries,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "model": model.name,
+        "live": model.live,
+        "queued": queued,
+        "depth": per_lane(report.depth.map(u64::from)),
+        "admitted": per_lane(report.stats.admitted),
+        "inflight": report.inflight,
+        "sessions_tracked": report.sessions_tracked,
+        "oldest_wait_ms": report.oldest_arrival.map(since),
+        "oldest_waiting": oldest,
+        "oldest_waiting_max": OLDEST_WAITING_MAX,
+        "limits": limits_json(&model.config.queue),
+        "backends": backends,
+    })
+}
+
+/// A model's queue limits, as `/debug/queue` shows them.
+fn limits_json(q: &QueueConfig) -> serde_json::Value {
+    serde_json::json!({
+        "strategy": q.strategy.name(),
+        "max_queued": q.max_queued,
+        "inflight_per_backend": q.inflight_per_backend,
+        "prefill_tokens_per_backend": setting_json(q.prefill_tokens_per_backend),
+        "timeout_ms": q.timeout.as_millis() as u64,
+        "max_overtakes": q.max_overtakes,
+        "boosted_streak_max": q.boosted_streak_max,
+        "grace_period_ms": q.grace_period.as_millis() as u64,
+        "max_sessions": q.max_sessions,
+    })
 }
 
 /// A setting as JSON: the string `"auto"` or its value.
@@ -211,30 +270,65 @@ fn setting_json<T: Into<serde_json::Value>>(setting: Setting<T>) -> serde_json::
 
 /// `GET /debug/backends`.
 pub fn debug_backends(shared: &Shared) -> serde_json::Value {
-    let now = shared.clock.now();
-    let rate = shared.clock.rate();
-    let mut backends = Vec::new();
     let generation = shared.generation();
-    for (model, report) in generation.models.iter().zip(reports(&generation)) {
+    backends_json(&generation, &reports(&generation), shared.clock.now(), shared.clock.rate())
+}
+
+/// `/debug/backends`'s document for `generation` with its models' `reports`, at `now`.
+pub fn backends_json(
+    generation: &Generation,
+    reports: &[Report],
+    now: Tick,
+    rate: TickRate,
+) -> serde_json::Value {
+    let mut backends = Vec::new();
+    let stale_after = rate.ticks(generation.config.upstream.metrics_stale_after);
+    for (model, report) in generation.models.iter().zip(reports) {
         for (backend, b) in model.backends.iter().zip(&report.backends) {
             let scraped = b.scraped_at > 0;
             let age_ms = scraped
                 .then(|| rate.duration(now.saturating_sub(b.scraped_at)).as_secs_f64() * 1e3);
+            let live = backend.live && model.live;
+            let gates = gates_json(b, model.config.queue.inflight_per_backend, stale_after, now);
             backends.push(serde_json::json!({
                 "model": model.name,
                 "backend": backend.authority,
                 "healthy": b.healthy,
                 "ejected": b.ejected,
-                "live": backend.live && model.live,
+                "live": live,
                 "waiting": b.waiting,
                 "last_scrape_age_ms": age_ms,
                 "inflight": b.inflight,
+                "held_slots": b.holds,
                 "prefill_tokens": b.prefill_tokens,
+                "gates": gates,
                 "learned": learned_json(&b.estimates, &report.token_rate, now, rate),
             }));
         }
     }
     serde_json::json!({ "backends": backends })
+}
+
+/// The states of a backend's admission gates (S6 (b), as `scheduler::policy::Gates::eligible`
+/// applies them) as of its report: `slots` (inflight plus grace holds against
+/// `inflight_per_backend`: `open` | `full`), `engine_waiting` (the engine's waiting gauge:
+/// `open` when 0, `closed` when positive, `stale` when older than `metrics_stale_after`,
+/// `unknown` when never scraped) and `prefill_budget` (the backlog against the admission budget:
+/// `open` | `full` | `off`).
+fn gates_json(b: &BackendReport, slots: u32, stale_after: Tick, now: Tick) -> serde_json::Value {
+    let slots = if b.inflight + b.holds < slots { "open" } else { "full" };
+    let waiting = match b.waiting {
+        None => "unknown",
+        Some(_) if now >= b.scraped_at.saturating_add(stale_after) => "stale",
+        Some(0) => "open",
+        Some(_) => "closed",
+    };
+    let budget = match b.estimates.budget {
+        0 => "off",
+        budget if b.prefill_tokens < budget => "open",
+        _ => "full",
+    };
+    serde_json::json!({ "slots": slots, "engine_waiting": waiting, "prefill_budget": budget })
 }
 
 /// A backend's learned estimates, each with its age (milliseconds since it last changed; null

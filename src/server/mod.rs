@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod reload;
 pub mod report;
 pub mod shard;
+pub mod status;
 
 #[cfg(any(test, fuzzing))]
 pub mod harness;

@@ -6,7 +6,12 @@
 
 use crate::clock::Tick;
 use crate::scheduler::estimate::{BackendEstimates, TokenRate};
-use crate::scheduler::{Lane, Scheduler, Stats};
+use crate::scheduler::{Lane, Scheduler, Stats, Waiting};
+
+/// How many of the longest-waiting requests a report lists (`/debug/queue`'s
+/// `oldest_waiting`, the status page): a bound, so a deep queue costs the host's pass and a
+/// scrape no more than a shallow one.
+pub const OLDEST_WAITING_MAX: usize = 10;
 
 /// A scheduler's counters and gauges as of the end of its host's last pass that changed
 /// anything: what the admin endpoints read. The host copies them in place (no allocation)
@@ -20,6 +25,8 @@ pub struct Report {
     pub sessions_tracked: usize,
     /// See [`Scheduler::oldest_arrival`].
     pub oldest_arrival: Option<Tick>,
+    /// The [`OLDEST_WAITING_MAX`] longest-waiting queued requests, oldest first.
+    pub oldest_waiting: Vec<Waiting>,
     pub backends: Vec<BackendReport>,
     /// The model's learned tokens per byte of request body.
     pub token_rate: TokenRate,
@@ -63,6 +70,10 @@ impl Report {
         self.inflight = scheduler.inflight();
         self.sessions_tracked = scheduler.sessions_tracked();
         self.oldest_arrival = scheduler.oldest_arrival();
+        // Reserved once, at the first fill: later fills reuse it and do not allocate.
+        self.oldest_waiting.clear();
+        self.oldest_waiting.reserve_exact(OLDEST_WAITING_MAX);
+        scheduler.oldest_waiting(OLDEST_WAITING_MAX, &mut self.oldest_waiting);
         self.token_rate = scheduler.token_rate();
         self.backends.resize(usize::from(scheduler.params().backends), BackendReport::default());
         for (index, backend) in (0u16..).zip(&mut self.backends) {

@@ -25,7 +25,7 @@
 //! `Links::deadline`) is an exact timer queue for them, O(1) to arm, disarm and expire, with the
 //! earliest deadline at its head.
 
-use hashbrown::HashTable;
+use hashbrown::{HashMap, HashTable};
 
 use super::heap::{HeapArena, IndexedHeap, NOT_IN_HEAP};
 use super::Lane;
@@ -76,6 +76,10 @@ pub(crate) struct Entry {
     pub prefill_pending: bool,
     /// S16: a placement scan passed it over to wait for its cheapest backend (counted once).
     pub placement_waited: bool,
+    /// The request's turn depth in its session (issue \[10\]): 1 without a session or for a
+    /// session the tracker does not hold, else the session's completed turns plus one
+    /// (saturating).
+    pub turn: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
@@ -97,6 +101,7 @@ impl Entry {
         streaming: false,
         prefill_pending: false,
         placement_waited: false,
+        turn: 1,
     };
 
     /// A fresh entry for an arriving request.
@@ -223,6 +228,10 @@ pub(crate) struct Queue {
     deadlines: List,
     boosted: IndexedHeap,
     live: u32,
+    /// Live entries (queued or admitted) per session, for the sessions with at least one:
+    /// `warmpath_sessions_active`. Sized for twice the arena, so that hashbrown clears its
+    /// tombstones by rehashing in place and never reallocates (as the tracker's index).
+    sessions: HashMap<u64, u32>,
 }
 
 /// A request id's hash, SplitMix64's [`mix`]: request ids are often sequential, and hashbrown
@@ -247,6 +256,7 @@ impl Queue {
             deadlines: List::EMPTY,
             boosted: IndexedHeap::with_capacity(capacity as usize),
             live: 0,
+            sessions: HashMap::with_capacity(2 * capacity as usize),
         }
     }
 
@@ -256,6 +266,12 @@ impl Queue {
             + self.arena.links.capacity() * std::mem::size_of::<Links>()
             + self.ids.allocation_size()
             + self.boosted.heap_bytes()
+            + self.sessions.allocation_size()
+    }
+
+    /// Sessions with a request queued or admitted.
+    pub fn sessions_active(&self) -> u32 {
+        self.sessions.len() as u32
     }
 
     /// Grows the arena (and the id index and heap with it) to `capacity` slots, the new ones
@@ -336,6 +352,9 @@ impl Queue {
         let entries = &self.arena.entries;
         self.ids.insert_unique(hash_id(entry.id), index, |&i| hash_id(entries[i as usize].id));
         self.live += 1;
+        if entry.has_session {
+            *self.sessions.entry(entry.session).or_insert(0) += 1;
+        }
         index
     }
 
@@ -364,6 +383,14 @@ impl Queue {
     pub fn release(&mut self, index: u32) {
         let place = self.get(index).place;
         debug_assert!(!matches!(place, Place::Queued(_)), "releasing a queued entry");
+        let entry = self.arena.entries[index as usize];
+        if entry.has_session {
+            let live = self.sessions.get_mut(&entry.session).expect("a live entry's session");
+            *live -= 1;
+            if *live == 0 {
+                self.sessions.remove(&entry.session);
+            }
+        }
         self.arena.entries[index as usize] = Entry::FREE;
         self.arena.links[index as usize].lane.next = self.free_head;
         self.free_head = index;
@@ -490,6 +517,10 @@ impl Queue {
         }
         assert_eq!(free + self.live, self.capacity(), "free list + live != capacity");
         assert_eq!(self.ids.len() as u32, self.live, "id index size");
+        let with_session = entries.iter().filter(|e| e.place != Place::Free && e.has_session);
+        let counted: u32 = self.sessions.values().sum();
+        assert_eq!(with_session.count() as u32, counted, "live entries by session");
+        assert!(self.sessions.values().all(|&n| n > 0), "a session counted with no entry");
         for (index, entry) in entries.iter().enumerate() {
             if entry.place != Place::Free {
                 assert_eq!(self.find(entry.id), Some(index as u32), "id {} not indexed", entry.id);

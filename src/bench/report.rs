@@ -505,7 +505,8 @@ mod tests {
         samples.push(at(0, 200, 100.0));
         samples.push(at(3, 502, 1.0));
         let r = BenchResult::summarise("x", "w", "t", 12, 1.0, samples);
-        let got: Vec<(&str, u64, u64, Option<(f64, f64)>)> = r
+        type Row<'a> = (&'a str, u64, u64, Option<(f64, f64)>);
+        let got: Vec<Row> = r
             .by_turn
             .iter()
             .map(|d| (d.turn, d.requests, d.ok, d.ttft_ms.map(|p| (p.p50, p.p99))))

@@ -289,6 +289,23 @@ impl Sessions {
         }
     }
 
+    /// Grows the slab to `capacity` slots (the arena's) and the index to twice that.
+    fn grow(&mut self, capacity: u32) {
+        let old = self.slab.len() as u32;
+        if capacity <= old {
+            return;
+        }
+        self.slab.resize(capacity as usize, (0, 0));
+        for i in (old..capacity).rev() {
+            self.slab[i as usize].0 = u64::from(self.free_head);
+            self.free_head = i;
+        }
+        let Sessions { slab, index, .. } = self;
+        let additional = 2 * capacity as usize - index.len();
+        index.reserve(additional, |&j| mix(slab[j as usize].0));
+        self.index_bytes = self.index.allocation_size();
+    }
+
     fn heap_bytes(&self) -> usize {
         self.slab.capacity() * std::mem::size_of::<(u64, u32)>() + self.index.allocation_size()
     }
@@ -357,6 +374,7 @@ impl Queue {
         let additional = (capacity - self.live) as usize;
         self.ids.reserve(additional, |&i| hash_id(entries[i as usize].id));
         self.boosted.reserve_total(capacity as usize);
+        self.sessions.grow(capacity);
     }
 
     /// Rewrites every armed deadline through `f`, which must not decrease the order of two

@@ -89,6 +89,7 @@ fn sessions_active_counts_sessions_with_a_request_in_flight() {
     backend.wait_holding(4);
     // Two sessions (two requests of "a", one of "b"); the request without one is not counted.
     wait_metric(router.admin, "warmpath_sessions_active", &[("model", M)], |n| n == 2.0);
+    assert_eq!(client::model_queue(router.admin, M)["sessions_active"], 2, "/debug/queue");
     backend.release_all();
     for sender in senders {
         assert_eq!(sender.join().expect("a sender"), 200);

@@ -1,7 +1,8 @@
 //! Turn-indexed observability end to end (issue [10], SPEC section 10): a session's turns 1 to
 //! 5 through the router and a fake backend land in `warmpath_ttft_seconds` and
 //! `warmpath_queue_wait_by_turn_seconds` under `turn="1"`, `"2"`, `"3-4"` and `"5-8"`, with the
-//! prefix predicted at admission; `warmpath_sessions_active` counts the session while a turn is
+//! prefix predicted at admission (by the prefix index for prompts of several blocks, by
+//! affinity for shorter ones); `warmpath_sessions_active` counts the sessions while turns are
 //! in flight and returns to 0 after. Waits are for the router's own state, never for a fixed
 //! time.
 
@@ -96,4 +97,45 @@ fn sessions_active_counts_sessions_with_a_request_in_flight() {
     }
     assert_eq!(anonymous.join().expect("a sender"), 200);
     wait_metric(router.admin, "warmpath_sessions_active", &[("model", M)], |n| n == 0.0);
+}
+
+/// A chat completion of session `session` (if any) whose user message is `content`.
+fn long_chat(session: Option<&str>, content: &str) -> Vec<u8> {
+    let body = format!(
+        "{{\"model\":\"{M}\",\"messages\":[{{\"role\":\"user\",\"content\":\"{content}\"}}]}}"
+    );
+    let mut headers = vec![("Content-Type", "application/json")];
+    headers.extend(session.map(|s| ("X-Session-ID", s)));
+    client::request("POST", "/v1/chat/completions", &headers, body.as_bytes())
+}
+
+/// With prompts of several blocks (`prefix-cost`, the default routing, hashes them) the
+/// prediction is the prefix index's: a first turn is cold, a follow-up that repeats it warm,
+/// and a prompt the index holds is warm even without a session, while a new one is cold.
+#[test]
+fn the_prefix_index_predicts_warm_and_cold() {
+    let backend = Backend::start();
+    let router = start(&backend);
+    let words = |from: usize, n: usize| -> String {
+        (from..from + n).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ")
+    };
+    let (first, follow_up) = (words(0, 400), words(0, 440));
+    let sends = [
+        (Some("conv-1"), first.clone()),
+        (Some("conv-1"), follow_up),
+        (None, first),
+        (None, words(10_000, 400)),
+    ];
+    for (session, content) in &sends {
+        let response = client::exchange(router.addr, &long_chat(*session, content));
+        assert_eq!(response.status, 200, "{}", response.text());
+        client::wait_idle(router.admin, M);
+    }
+    let ttft = "warmpath_ttft_seconds";
+    wait_metric(router.admin, &format!("{ttft}_count"), &[("model", M)], |n| n == 4.0);
+    let text = client::metrics(router.admin);
+    for (turn, prefix, n) in [("1", "cold", 2.0), ("1", "warm", 1.0), ("2", "warm", 1.0)] {
+        let seen = count(&text, ttft, &[("turn", turn), ("prefix", prefix)]);
+        assert_eq!(seen, n, "{ttft} turn={turn} prefix={prefix}:\n{text}");
+    }
 }

@@ -64,7 +64,7 @@ fn lookup(c: &mut Criterion) {
         let misses = ids(3, u64::MAX); // members far past `capacity`: never completed
         let mut map = hashbrown::HashMap::with_capacity(capacity);
         for n in 0..capacity as u64 {
-            map.insert(session(n), Completion { at: n, backend: 0 });
+            map.insert(session(n), Completion { at: n, backend: 0, turns: 1 });
         }
         let cases: [(&str, &Vec<u64>); 2] = [("hit", &hits), ("miss", &misses)];
         for (name, ids) in cases {

@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::scheduler::tracker::{turn_bucket, TURN_BUCKETS};
+
 /// One request as measured.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Sample {
@@ -140,6 +142,39 @@ impl Phase {
     }
 }
 
+/// Time to first token of the requests of one turn-depth bucket (issue \[10\]: the buckets of
+/// the router's `warmpath_ttft_seconds`, so the two can be read side by side).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TurnDepth {
+    /// `1`, `2`, `3-4`, `5-8` or `9+`: the depth of a turn is its index in its session plus
+    /// one, as the router counts a session's requests.
+    pub turn: &'static str,
+    /// Requests sent.
+    pub requests: u64,
+    /// Requests that succeeded.
+    pub ok: u64,
+    /// Time to first token of successful requests.
+    pub ttft_ms: Option<Percentiles>,
+}
+
+impl TurnDepth {
+    /// One entry per bucket, in order, each over the samples of its depth.
+    fn of(samples: &[Sample]) -> Vec<TurnDepth> {
+        let depth = |s: &Sample| turn_bucket(u16::try_from(s.turn + 1).unwrap_or(u16::MAX));
+        (0..TURN_BUCKETS.len())
+            .map(|bucket| {
+                let phase = Phase::of(samples.iter().filter(|s| depth(s) == bucket));
+                TurnDepth {
+                    turn: TURN_BUCKETS[bucket],
+                    requests: phase.requests,
+                    ok: phase.ok,
+                    ttft_ms: phase.ttft_ms,
+                }
+            })
+            .collect()
+    }
+}
+
 /// Engines' prefix-cache counters over the run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PrefixCache {
@@ -175,6 +210,8 @@ pub struct BenchResult {
     pub follow_ups: Phase,
     /// All turns.
     pub all: Phase,
+    /// Time to first token by turn depth (1, 2, 3-4, 5-8, 9+).
+    pub by_turn: Vec<TurnDepth>,
     /// Successful requests per second.
     pub requests_per_s: f64,
     /// Output tokens of successful requests per second.
@@ -220,6 +257,7 @@ impl BenchResult {
             first_turns: Phase::of(samples.iter().filter(|s| !s.follow_up)),
             follow_ups: Phase::of(samples.iter().filter(|s| s.follow_up)),
             all: Phase::of(samples.iter()),
+            by_turn: TurnDepth::of(&samples),
             requests_per_s: per_s(ok),
             output_tokens_per_s: per_s(tokens),
             errors,
@@ -287,6 +325,16 @@ pub fn table(results: &[BenchResult]) -> String {
              prefix-cache hit rate {cache}{busy}",
             r.label, r.requests_per_s, r.output_tokens_per_s, r.elapsed_s, r.not_sent
         );
+        let depths: Vec<String> = r
+            .by_turn
+            .iter()
+            .filter(|d| d.requests > 0)
+            .map(|d| match d.ttft_ms {
+                Some(p) => format!("{} {:.1}/{:.1} (n={})", d.turn, p.p50, p.p99, d.ok),
+                None => format!("{} -/- (n=0)", d.turn),
+            })
+            .collect();
+        let _ = writeln!(out, "{}: TTFT ms p50/p99 by turn: {}", r.label, depths.join(", "));
         for note in &r.notes {
             let _ = writeln!(out, "{}: note: {note}", r.label);
         }
@@ -446,5 +494,37 @@ mod tests {
         assert_eq!((r.requests_per_s, r.output_tokens_per_s, r.not_sent), (1.5, 6.0, 1));
         let text = table(&[r]);
         assert!(text.contains("follow-up") && text.contains("429: 1"), "{text}");
+    }
+
+    #[test]
+    fn ttft_is_broken_down_by_turn_depth() {
+        let at =
+            |turn: u32, status: u16, ttft: f64| Sample { turn, ..sample(turn > 0, status, ttft) };
+        // Depths 1 to 10 (turn indices 0 to 9), a failure at depth 4, two requests at depth 1.
+        let mut samples: Vec<Sample> = (0..10).map(|t| at(t, 200, f64::from(t + 1))).collect();
+        samples.push(at(0, 200, 100.0));
+        samples.push(at(3, 502, 1.0));
+        let r = BenchResult::summarise("x", "w", "t", 12, 1.0, samples);
+        type Row<'a> = (&'a str, u64, u64, Option<(f64, f64)>);
+        let got: Vec<Row> = r
+            .by_turn
+            .iter()
+            .map(|d| (d.turn, d.requests, d.ok, d.ttft_ms.map(|p| (p.p50, p.p99))))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("1", 2, 2, Some((1.0, 100.0))),
+                ("2", 1, 1, Some((2.0, 2.0))),
+                ("3-4", 3, 2, Some((3.0, 4.0))),
+                ("5-8", 4, 4, Some((6.0, 8.0))),
+                ("9+", 2, 2, Some((9.0, 10.0))),
+            ]
+        );
+        let text = table(&[r]);
+        assert!(text.contains("by turn: 1 1.0/100.0 (n=2), 2 2.0/2.0 (n=1)"), "{text}");
+        let json = serde_json::to_value(BenchResult::summarise("x", "w", "t", 0, 1.0, vec![]))
+            .expect("serialisable");
+        assert_eq!(json["by_turn"].as_array().map(Vec::len), Some(5), "every bucket, even empty");
     }
 }

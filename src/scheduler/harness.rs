@@ -284,6 +284,8 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
     for lane in Lane::ALL {
         assert_eq!(real.depth(lane), model.depth(lane), "{lane:?} depth, {}", context());
     }
+    let (a, b) = (real.sessions_active(), model.sessions_active());
+    assert_eq!(a, b, "sessions active, {}", context());
     for backend in 0..backends {
         assert_eq!(
             real.backend_inflight(backend),

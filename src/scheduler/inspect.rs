@@ -160,6 +160,11 @@ impl Scheduler {
         self.tracker.len()
     }
 
+    /// Sessions with a request queued or admitted (`warmpath_sessions_active`).
+    pub fn sessions_active(&self) -> u32 {
+        self.queue.sessions_active()
+    }
+
     /// Bytes of every buffer the scheduler preallocated.
     pub fn heap_bytes(&self) -> usize {
         self.queue.heap_bytes()

@@ -200,10 +200,20 @@ pub enum Output {
         waited: Tick,
         /// Whether `backend` was the session's last backend.
         affinity: bool,
+        /// The request's turn depth in its session (issue \[10\]): 1 without a session or
+        /// for a session the tracker does not hold, else its completed turns plus one.
+        turn: u16,
+        /// The predicted prefix at admission (issue \[10\]): with prompt blocks (S16), whether
+        /// `backend`'s prefix index held at least half of them; without, `affinity`.
+        warm: bool,
     },
     /// Answer request `id` with the error for `reason`.
     Reject { id: RequestId, reason: RejectReason },
 }
+
+// The turn and the prediction fit in what was padding: a decision is still 24 bytes on the
+// rings to the shards.
+const _: () = assert!(std::mem::size_of::<Output>() == 24);
 
 /// A model's scheduling parameters, with durations already in ticks.
 #[derive(Debug, Clone, PartialEq)]
@@ -601,6 +611,7 @@ impl Scheduler {
         entry.streaming = arrival.streaming;
         entry.boost_mark = self.boosted_admits;
         entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
+        entry.turn = last_turn.map_or(1, |turn| turn.turns.saturating_add(1));
         let index = self.queue.alloc(entry);
         match &mut self.prefix {
             Some(prefix) => prefix.prompt_of[index as usize] = arrival.prompt,
@@ -917,12 +928,13 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         self.count_admission(lane);
-        let tokens = self.record_placement(now, index, backend);
+        let (tokens, predicted) = self.record_placement(now, index, backend);
         let entry = self.queue.get_mut(index);
         entry.place = Place::Admitted;
         entry.backend = backend;
         entry.prefill_pending = entry.streaming;
         let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
+        let (turn, warm) = (entry.turn, predicted.unwrap_or(affinity));
         let slot = index as usize;
         let state = &mut self.backends[usize::from(backend)];
         self.learned.admitted_at[slot] = now;
@@ -935,7 +947,7 @@ impl Scheduler {
         }
         self.inflight += 1;
         self.stats.affinity_hits += u64::from(affinity);
-        out.push(Output::Admit { id: RequestId(id), backend, lane, waited, affinity });
+        out.push(Output::Admit { id: RequestId(id), backend, lane, waited, affinity, turn, warm });
     }
 
     /// What a completed request's `usage` teaches: tokens per byte, and what the engine found

@@ -82,6 +82,14 @@ pub const INDEX_BLOCKS_MAX: u64 = 1 << 18;
 /// prompt's blocks at admission, in tenths (the last bucket is 1.0).
 pub const MATCH_BUCKETS: usize = 11;
 
+/// The `prefix` label of `warmpath_ttft_seconds` (issue \[10\]) as the prefix index predicts
+/// it at admission: warm when the chosen backend's index holds at least half of the prompt's
+/// blocks (the same threshold as S16's boost refinement); `None` when the prompt has no blocks
+/// to predict from (the caller then decides).
+pub(crate) fn predicted_warm(matched: usize, blocks: usize) -> Option<bool> {
+    (blocks > 0).then_some(matched * 2 >= blocks)
+}
+
 impl Prefix {
     /// The state for `params`, with `arena` queue slots.
     pub fn new(params: &Params, arena: u32) -> Prefix {
@@ -201,13 +209,19 @@ impl Scheduler {
     }
 
     /// At the binding of entry `index` to `backend`: the tokens it adds to the backend's
-    /// prefill backlog (its uncached estimate under prefix-cost, its whole prompt otherwise),
-    /// and under prefix-cost the match-ratio observation and the index update.
-    pub(super) fn record_placement(&mut self, now: Tick, index: u32, backend: u16) -> u32 {
+    /// prefill backlog (its uncached estimate under prefix-cost, its whole prompt otherwise)
+    /// and the index's warm prediction ([`predicted_warm`]; `None` without prompt blocks), and
+    /// under prefix-cost the match-ratio observation and the index update.
+    pub(super) fn record_placement(
+        &mut self,
+        now: Tick,
+        index: u32,
+        backend: u16,
+    ) -> (u32, Option<bool>) {
         let tokens = self.prompt_tokens(index);
         if self.prefix.is_none() {
             self.learned.cache[usize::from(backend)].placed(tokens, 0);
-            return u32::try_from(tokens).unwrap_or(u32::MAX);
+            return (u32::try_from(tokens).unwrap_or(u32::MAX), None);
         }
         let blocks = self.match_prompt(index);
         let uncached = self.uncached(index, usize::from(backend));
@@ -223,7 +237,7 @@ impl Scheduler {
             let index = &mut prefix.indexes[usize::from(backend)];
             prefix.pool.with(slot, |hashes| index.insert(hashes, now));
         }
-        u32::try_from(uncached).unwrap_or(u32::MAX)
+        (u32::try_from(uncached).unwrap_or(u32::MAX), predicted_warm(matched, blocks))
     }
 
     /// Sizes `backend`'s prefix index to what its engine holds (`prefix_index_blocks =

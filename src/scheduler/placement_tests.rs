@@ -69,6 +69,31 @@ impl H {
         self.send(Input::Arrive(arrival))
     }
 
+    /// Request `id` of `session` whose prompt is the chain `blocks` (a block's tokens each):
+    /// the (id, turn, warm) of the admissions it makes.
+    fn turn(&mut self, id: u64, session: Option<u64>, blocks: &[u64]) -> Vec<(u64, u16, bool)> {
+        let pool = self.s.prompt_pool().expect("prefix-cost has a pool");
+        let prompt = pool.acquire().expect("a free slot");
+        pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
+        let tokens = BLOCK_TOKENS * (blocks.len() as u32).max(1);
+        let arrival = Arrival {
+            id: RequestId(id),
+            session,
+            prompt_bytes: tokens * 4,
+            streaming: false,
+            prompt,
+        };
+        let mut out = Vec::new();
+        self.s.handle(self.now, Input::Arrive(arrival), &mut out);
+        self.s.check_invariants();
+        out.iter()
+            .filter_map(|o| match *o {
+                Output::Admit { id, turn, warm, .. } => Some((id.0, turn, warm)),
+                Output::Reject { .. } => None,
+            })
+            .collect()
+    }
+
     fn first_byte(&mut self, id: u64) -> Vec<(u64, u16)> {
         self.send(Input::FirstByte(RequestId(id)))
     }
@@ -256,4 +281,46 @@ fn only_a_warm_follow_up_is_boosted() {
     assert_eq!(h.arrive(8, Some(7), &half, 10 * BLOCK_TOKENS, false), vec![]);
     assert_eq!(h.s.stats().boost_declined, 2);
     assert_eq!(h.complete(6), vec![(8, 0)]);
+}
+
+#[test]
+fn admissions_say_the_turn_depth_and_the_predicted_prefix() {
+    let mut h = H::new(params(2, 8));
+    // Turn 1 of session 7: nothing cached anywhere, cold.
+    assert_eq!(h.turn(1, Some(7), &chain(1, 10)), vec![(1, 1, false)]);
+    assert_eq!(h.s.sessions_active(), 1);
+    h.complete(1);
+    assert_eq!(h.s.sessions_active(), 0);
+    // Turn 2 repeats turn 1's 10 blocks and adds 2: 10 of 12 on the chosen backend, warm.
+    assert_eq!(h.turn(2, Some(7), &chain(1, 12)), vec![(2, 2, true)]);
+    h.complete(2);
+    // Turn 3 starts afresh: cold however deep the turn.
+    assert_eq!(h.turn(3, Some(7), &chain(500, 10)), vec![(3, 3, false)]);
+    h.complete(3);
+    // Exactly half held is warm.
+    let mut half = chain(500, 5);
+    half.extend(chain(7000, 5));
+    assert_eq!(h.turn(4, Some(7), &half), vec![(4, 4, true)]);
+    // A failed turn is not counted: the next is turn 4 again.
+    h.send(Input::Complete { id: RequestId(4), success: false, usage: Usage::NONE });
+    assert_eq!(h.turn(5, Some(7), &chain(500, 12)), vec![(5, 4, true)]);
+    // Concurrent requests of one session share a depth and count one active session; another
+    // session and a request without one are turn 1.
+    assert_eq!(h.turn(6, Some(7), &chain(500, 12)), vec![(6, 4, true)]);
+    assert_eq!(h.turn(7, Some(8), &chain(1, 12)), vec![(7, 1, true)], "shared prefix: warm");
+    assert_eq!(h.turn(8, None, &chain(900, 3)), vec![(8, 1, false)]);
+    assert_eq!(h.s.sessions_active(), 2);
+    for id in [5, 6, 7, 8] {
+        h.complete(id);
+    }
+    assert_eq!(h.s.sessions_active(), 0);
+}
+
+#[test]
+fn without_prompt_blocks_warm_is_the_sessions_last_backend() {
+    let mut h = H::new(params(1, 8));
+    assert_eq!(h.turn(1, Some(9), &[]), vec![(1, 1, false)]);
+    h.complete(1);
+    assert_eq!(h.turn(2, Some(9), &[]), vec![(2, 2, true)], "back on its last backend");
+    assert_eq!(h.turn(3, None, &[]), vec![(3, 1, false)], "no session: no last backend");
 }

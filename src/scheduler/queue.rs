@@ -76,6 +76,10 @@ pub(crate) struct Entry {
     pub prefill_pending: bool,
     /// S16: a placement scan passed it over to wait for its cheapest backend (counted once).
     pub placement_waited: bool,
+    /// The request's turn depth in its session (issue \[10\]): 1 without a session or for a
+    /// session the tracker does not hold, else the session's completed turns plus one
+    /// (saturating).
+    pub turn: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
@@ -97,6 +101,7 @@ impl Entry {
         streaming: false,
         prefill_pending: false,
         placement_waited: false,
+        turn: 1,
     };
 
     /// A fresh entry for an arriving request.
@@ -223,6 +228,92 @@ pub(crate) struct Queue {
     deadlines: List,
     boosted: IndexedHeap,
     live: u32,
+    /// Live entries (queued or admitted) per session: `warmpath_sessions_active`.
+    sessions: Sessions,
+}
+
+/// The sessions with at least one live entry, and how many each has (issue \[10\]): a slab of
+/// `(session, live entries)` with one slot per arena slot (there cannot be more such sessions
+/// than live entries) and a free list threaded through the `session` field of free slots, and
+/// a hashbrown [`HashTable`] of slab indices hashed by session (4 bytes a bucket plus a control
+/// byte). The table is sized for twice the slab, so that hashbrown clears the tombstones of
+/// removals by rehashing in place and never reallocates (as the tracker's index). About 36
+/// bytes per arena slot.
+#[derive(Debug)]
+struct Sessions {
+    slab: Vec<(u64, u32)>,
+    free_head: u32,
+    index: HashTable<u32>,
+    /// `index.allocation_size()` at construction: it must never change.
+    index_bytes: usize,
+}
+
+impl Sessions {
+    fn with_capacity(capacity: u32) -> Sessions {
+        let next = |i: u32| if i + 1 < capacity { u64::from(i + 1) } else { u64::from(NIL) };
+        let index = HashTable::with_capacity(2 * capacity as usize);
+        Sessions {
+            slab: (0..capacity).map(|i| (next(i), 0)).collect(),
+            free_head: 0,
+            index_bytes: index.allocation_size(),
+            index,
+        }
+    }
+
+    /// One more live entry of `session`.
+    fn add(&mut self, session: u64) {
+        let Sessions { slab, free_head, index, .. } = self;
+        let hash = mix(session);
+        if let Some(&i) = index.find(hash, |&i| slab[i as usize].0 == session) {
+            slab[i as usize].1 += 1;
+            return;
+        }
+        let i = *free_head;
+        assert!(i != NIL, "more live sessions than arena slots");
+        *free_head = slab[i as usize].0 as u32;
+        slab[i as usize] = (session, 1);
+        index.insert_unique(hash, i, |&j| mix(slab[j as usize].0));
+    }
+
+    /// One live entry of `session` fewer; the session leaves with its last.
+    fn remove(&mut self, session: u64) {
+        let Sessions { slab, free_head, index, .. } = self;
+        let found = index.find_entry(mix(session), |&i| slab[i as usize].0 == session);
+        let entry = found.unwrap_or_else(|_| panic!("session {session:#x} has no live entry"));
+        let i = *entry.get();
+        slab[i as usize].1 -= 1;
+        if slab[i as usize].1 == 0 {
+            entry.remove();
+            slab[i as usize] = (u64::from(*free_head), 0);
+            *free_head = i;
+        }
+    }
+
+    /// Grows the slab to `capacity` slots (the arena's) and the index to twice that.
+    fn grow(&mut self, capacity: u32) {
+        let old = self.slab.len() as u32;
+        if capacity <= old {
+            return;
+        }
+        self.slab.resize(capacity as usize, (0, 0));
+        for i in (old..capacity).rev() {
+            self.slab[i as usize].0 = u64::from(self.free_head);
+            self.free_head = i;
+        }
+        let Sessions { slab, index, .. } = self;
+        let additional = 2 * capacity as usize - index.len();
+        index.reserve(additional, |&j| mix(slab[j as usize].0));
+        self.index_bytes = self.index.allocation_size();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.slab.capacity() * std::mem::size_of::<(u64, u32)>() + self.index.allocation_size()
+    }
+
+    /// Live entries by session, summed.
+    fn live(&self) -> u32 {
+        self.index.iter().map(|&i| self.slab[i as usize].1).sum()
+    }
 }
 
 /// A request id's hash, SplitMix64's [`mix`]: request ids are often sequential, and hashbrown
@@ -247,6 +338,7 @@ impl Queue {
             deadlines: List::EMPTY,
             boosted: IndexedHeap::with_capacity(capacity as usize),
             live: 0,
+            sessions: Sessions::with_capacity(capacity),
         }
     }
 
@@ -256,6 +348,12 @@ impl Queue {
             + self.arena.links.capacity() * std::mem::size_of::<Links>()
             + self.ids.allocation_size()
             + self.boosted.heap_bytes()
+            + self.sessions.heap_bytes()
+    }
+
+    /// Sessions with a request queued or admitted.
+    pub fn sessions_active(&self) -> u32 {
+        self.sessions.index.len() as u32
     }
 
     /// Grows the arena (and the id index and heap with it) to `capacity` slots, the new ones
@@ -276,6 +374,7 @@ impl Queue {
         let additional = (capacity - self.live) as usize;
         self.ids.reserve(additional, |&i| hash_id(entries[i as usize].id));
         self.boosted.reserve_total(capacity as usize);
+        self.sessions.grow(capacity);
     }
 
     /// Rewrites every armed deadline through `f`, which must not decrease the order of two
@@ -336,6 +435,9 @@ impl Queue {
         let entries = &self.arena.entries;
         self.ids.insert_unique(hash_id(entry.id), index, |&i| hash_id(entries[i as usize].id));
         self.live += 1;
+        if entry.has_session {
+            self.sessions.add(entry.session);
+        }
         index
     }
 
@@ -364,6 +466,10 @@ impl Queue {
     pub fn release(&mut self, index: u32) {
         let place = self.get(index).place;
         debug_assert!(!matches!(place, Place::Queued(_)), "releasing a queued entry");
+        let entry = self.arena.entries[index as usize];
+        if entry.has_session {
+            self.sessions.remove(entry.session);
+        }
         self.arena.entries[index as usize] = Entry::FREE;
         self.arena.links[index as usize].lane.next = self.free_head;
         self.free_head = index;
@@ -490,6 +596,14 @@ impl Queue {
         }
         assert_eq!(free + self.live, self.capacity(), "free list + live != capacity");
         assert_eq!(self.ids.len() as u32, self.live, "id index size");
+        let with_session = entries.iter().filter(|e| e.place != Place::Free && e.has_session);
+        let counted = self.sessions.live();
+        assert_eq!(with_session.count() as u32, counted, "live entries by session");
+        let sessions = &self.sessions;
+        let empty = sessions.index.iter().any(|&i| sessions.slab[i as usize].1 == 0);
+        assert!(!empty, "a session counted with no live entry");
+        let bytes = sessions.index.allocation_size();
+        assert_eq!(bytes, sessions.index_bytes, "session index reallocated");
         for (index, entry) in entries.iter().enumerate() {
             if entry.place != Place::Free {
                 assert_eq!(self.find(entry.id), Some(index as u32), "id {} not indexed", entry.id);

@@ -52,6 +52,8 @@ struct Queued {
     /// S16: the prompt's chained block hashes.
     blocks: Vec<u64>,
     placement_waited: bool,
+    /// Issue [10]: the turn depth, the tracked session's completed turns plus one, else 1.
+    turn: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -203,6 +205,16 @@ impl Reference {
         self.queued.iter().filter(|q| q.lane == lane).count() as u32
     }
 
+    /// Distinct sessions with a request queued or admitted (issue [10]).
+    pub fn sessions_active(&self) -> u32 {
+        let admitted = self.admitted.iter().map(|a| &a.request);
+        let mut sessions: Vec<u64> =
+            self.queued.iter().chain(admitted).filter_map(|q| q.session).collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        sessions.len() as u32
+    }
+
     /// Admitted requests on `backend`.
     pub fn backend_inflight(&self, backend: u16) -> u32 {
         self.admitted.iter().filter(|a| a.backend == backend).count() as u32
@@ -327,6 +339,7 @@ impl Reference {
             home: last_turn.map_or(NONE, |turn| turn.backend),
             blocks,
             placement_waited: false,
+            turn: last_turn.map_or(1, |turn| turn.turns.saturating_add(1)),
         };
         self.next_seq += 1;
         if let Some(completion) = completion {
@@ -879,15 +892,21 @@ impl Reference {
             Lane::Retry => {}
         }
         self.stats.affinity_hits += u64::from(affinity);
-        let id = RequestId(request.id);
+        let (id, turn) = (RequestId(request.id), request.turn);
         let waited = now - request.arrived_at;
         let prefill_pending = request.streaming;
         let tokens = self.tokens_of(u64::from(request.prompt_bytes));
         let mut backlog = u32::try_from(tokens).unwrap_or(u32::MAX);
         let mut cached = 0;
+        // Issue [10]: warm when the chosen backend's index holds at least half of the prompt's
+        // blocks; with no blocks, when the request went to its session's last backend.
+        let mut warm = affinity;
         if self.p.routing == Routing::PrefixCost {
             let matched = self.matched(backend, &request.blocks);
             let blocks = request.blocks.len();
+            if blocks > 0 {
+                warm = matched * 2 >= blocks;
+            }
             let uncached = self.uncached(&request, backend);
             cached = tokens - uncached;
             backlog = u32::try_from(uncached).unwrap_or(u32::MAX);
@@ -914,6 +933,6 @@ impl Reference {
                 (self.learned[usize::from(backend)].budget, self.prefill(backend));
             self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;
         }
-        out.push(Output::Admit { id, backend, lane, waited, affinity });
+        out.push(Output::Admit { id, backend, lane, waited, affinity, turn, warm });
     }
 }

@@ -804,6 +804,30 @@ fn raised_limits_grow_the_queue_and_lowered_ones_apply_to_new_arrivals() {
     assert_eq!(admitted(&h.complete(2)), vec![3]);
 }
 
+/// `warmpath_sessions_active`: a session counts once however many of its requests are live,
+/// and a grown arena holds as many sessions as it holds requests.
+#[test]
+fn sessions_active_counts_live_sessions_in_a_grown_queue() {
+    let mut h = Harness::new(Params { max_queued: 2, ..params() });
+    h.arrive(1, Some(7));
+    h.arrive(2, Some(7));
+    h.arrive(3, None);
+    assert_eq!(h.s.sessions_active(), 1, "two requests of one session, one without");
+    let big = Params { max_queued: 8, inflight_per_backend: 2, ..params() };
+    assert_eq!(admitted(&h.reconfigure(big, &[true])), vec![2]);
+    h.complete(1);
+    h.complete(2);
+    h.complete(3);
+    assert_eq!(h.s.sessions_active(), 0);
+    // The arena is now 8 queued + 2 slots: every slot a session of its own.
+    for id in 10..20 {
+        h.arrive(id, Some(id));
+    }
+    assert_eq!((h.s.sessions_active(), h.s.queued()), (10, 8));
+    h.complete(10);
+    assert_eq!(h.s.sessions_active(), 9);
+}
+
 /// `oldest_waiting` merges the lanes by arrival and stops at its bound.
 #[test]
 fn oldest_waiting_lists_the_longest_waiting_across_lanes() {

@@ -21,7 +21,8 @@
 //! evicts x.
 //!
 //! Layout, all allocated in [`SessionTracker::with_capacity`] and never grown:
-//! - `slots`: a `Vec` of 24-byte slots (session, completion time, backend).
+//! - `slots`: a `Vec` of 24-byte slots (session, completion time, backend, turns completed:
+//!   the turn counter of issue \[10\] fills what was padding, so it costs nothing).
 //! - `referenced`: one bit per slot, in `u64` words, so that the hand skips 64 referenced slots
 //!   with one load and clears them with one store.
 //! - `index`: a hashbrown [`HashTable`] of `u32` slot numbers, hashed by the session id stored
@@ -43,6 +44,24 @@ pub struct Completion {
     pub at: u64,
     /// The backend that served it.
     pub backend: u16,
+    /// The session's turns completed while the tracker held it (saturating): its next
+    /// request's turn depth is one more (issue \[10\]).
+    pub turns: u16,
+}
+
+/// The turn-depth buckets of the turn-indexed metrics (SPEC section 10's `turn` label), in
+/// order.
+pub const TURN_BUCKETS: [&str; 5] = ["1", "2", "3-4", "5-8", "9+"];
+
+/// The index in [`TURN_BUCKETS`] of turn depth `turn` (1-based; 0 counts as 1).
+pub fn turn_bucket(turn: u16) -> usize {
+    match turn {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        5..=8 => 3,
+        _ => 4,
+    }
 }
 
 /// One occupied slot: a session and its last completion.
@@ -51,7 +70,11 @@ struct Slot {
     session: u64,
     at: u64,
     backend: u16,
+    /// Turns completed; it sits in what was the slot's padding (still 24 bytes).
+    turns: u16,
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 24);
 
 /// A fixed-capacity map from session id to its last [`Completion`], with CLOCK eviction.
 ///
@@ -98,20 +121,22 @@ impl SessionTracker {
     pub fn lookup(&self, session: u64) -> Option<Completion> {
         let slot = self.find(session)?;
         let s = &self.slots[slot as usize];
-        Some(Completion { at: s.at, backend: s.backend })
+        Some(Completion { at: s.at, backend: s.backend, turns: s.turns })
     }
 
     /// Records that `session` completed at `at` on `backend`: updates it if held (and marks it
-    /// referenced), otherwise inserts it, evicting one session by CLOCK when full.
+    /// referenced, counting one more turn), otherwise inserts it with one turn, evicting one
+    /// session by CLOCK when full.
     pub fn complete(&mut self, session: u64, at: u64, backend: u16) {
         if let Some(slot) = self.find(session) {
             let s = &mut self.slots[slot as usize];
             s.at = at;
             s.backend = backend;
+            s.turns = s.turns.saturating_add(1);
             self.referenced[slot as usize / 64] |= 1 << (slot % 64);
             return;
         }
-        let new = Slot { session, at, backend };
+        let new = Slot { session, at, backend, turns: 1 };
         let slot = if self.slots.len() < self.capacity as usize {
             self.slots.push(new);
             self.slots.len() as u32 - 1
@@ -269,9 +294,9 @@ pub mod reference {
 
         /// Same as [`super::SessionTracker::complete`].
         pub fn complete(&mut self, session: u64, at: u64, backend: u16) {
-            let completion = Completion { at, backend };
+            let completion = Completion { at, backend, turns: 1 };
             if let Some(slot) = self.slots.iter_mut().find(|s| s.0 == session) {
-                slot.1 = completion;
+                slot.1 = Completion { turns: slot.1.turns.saturating_add(1), ..completion };
                 slot.2 = true;
                 return;
             }
@@ -357,8 +382,8 @@ mod tests {
         t.complete(C, 4, 3);
         t.check_invariants();
         assert_eq!(held(&t, &[A, B, C]), [true, false, true]);
-        assert_eq!(t.lookup(A), Some(Completion { at: 3, backend: 2 }));
-        assert_eq!(t.lookup(C), Some(Completion { at: 4, backend: 3 }));
+        assert_eq!(t.lookup(A), Some(Completion { at: 3, backend: 2, turns: 2 }));
+        assert_eq!(t.lookup(C), Some(Completion { at: 4, backend: 3, turns: 1 }));
     }
 
     #[test]
@@ -402,13 +427,39 @@ mod tests {
     }
 
     #[test]
+    fn turn_buckets_are_1_2_3to4_5to8_9plus() {
+        let names = |turns: &[u16]| -> Vec<&str> {
+            turns.iter().map(|&t| TURN_BUCKETS[turn_bucket(t)]).collect()
+        };
+        assert_eq!(names(&[0, 1, 2, 3, 4, 5, 8]), ["1", "1", "2", "3-4", "3-4", "5-8", "5-8"]);
+        assert_eq!(names(&[9, 10, 1000, u16::MAX]), ["9+", "9+", "9+", "9+"]);
+    }
+
+    #[test]
+    fn turns_count_completions_and_restart_after_eviction() {
+        let mut t = SessionTracker::with_capacity(1);
+        for at in 1..=3 {
+            t.complete(A, at, 0);
+        }
+        assert_eq!(t.lookup(A).map(|c| c.turns), Some(3));
+        t.complete(B, 4, 0);
+        t.complete(A, 5, 0);
+        assert_eq!(t.lookup(A).map(|c| c.turns), Some(1), "evicted, then seen anew");
+        let mut r = reference::SessionTracker::with_capacity(1);
+        for at in 1..=3 {
+            r.complete(A, at, 0);
+        }
+        assert_eq!(r.lookup(A).map(|c| c.turns), Some(3));
+    }
+
+    #[test]
     fn session_zero_and_max_are_valid_keys() {
         let mut t = SessionTracker::with_capacity(4);
         assert!(t.is_empty());
         t.complete(0, 5, 1);
         t.complete(u64::MAX, 6, 2);
-        assert_eq!(t.lookup(0), Some(Completion { at: 5, backend: 1 }));
-        assert_eq!(t.lookup(u64::MAX), Some(Completion { at: 6, backend: 2 }));
+        assert_eq!(t.lookup(0), Some(Completion { at: 5, backend: 1, turns: 1 }));
+        assert_eq!(t.lookup(u64::MAX), Some(Completion { at: 6, backend: 2, turns: 1 }));
         assert_eq!(t.lookup(1), None);
         assert_eq!((t.len(), t.capacity()), (2, 4));
         t.check_invariants();

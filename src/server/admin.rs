@@ -237,6 +237,7 @@ fn model_queue_json(
         "admitted": per_lane(report.stats.admitted),
         "inflight": report.inflight,
         "sessions_tracked": report.sessions_tracked,
+        "sessions_active": report.sessions_active,
         "oldest_wait_ms": report.oldest_arrival.map(since),
         "oldest_waiting": oldest,
         "oldest_waiting_max": OLDEST_WAITING_MAX,

@@ -14,7 +14,11 @@ use std::sync::Arc;
 use crate::scheduler::estimate::BackendEstimates;
 use crate::scheduler::Lane;
 
-use super::metrics::{Histogram, ModelMetrics, ShardMetrics, UpstreamError, STATUS_SLOTS};
+use crate::scheduler::tracker::TURN_BUCKETS;
+
+use super::metrics::{
+    Histogram, ModelMetrics, ShardMetrics, UpstreamError, PREFIX_LABELS, STATUS_SLOTS,
+};
 use super::report::{BackendReport, Report};
 use super::{Generation, Shared};
 
@@ -54,6 +58,11 @@ enum Source {
     Histogram(fn(&ModelMetrics) -> &Histogram),
     /// `model`, `lane`: a histogram of the shards per lane.
     LaneHistogram(fn(&ModelMetrics, Lane) -> &Histogram),
+    /// `model`, `turn`, `prefix`: time to first byte by turn bucket and predicted prefix
+    /// (issue \[10\]).
+    TurnPrefixHistogram,
+    /// `model`, `turn`: a histogram of the shards per turn bucket (issue \[10\]).
+    TurnHistogram(fn(&ModelMetrics, usize) -> &Histogram),
     /// `model`: a counter of the shards.
     ModelCounter(fn(&ModelMetrics) -> &AtomicU64),
     /// `model`, `lane`: from the scheduler's report.
@@ -88,6 +97,8 @@ impl Source {
             Source::Statuses => &["model", "status"],
             Source::RouterStatuses => &["status"],
             Source::LaneHistogram(_) | Source::Lane(_) => &["model", "lane"],
+            Source::TurnPrefixHistogram => &["model", "turn", "prefix"],
+            Source::TurnHistogram(_) => &["model", "turn"],
             Source::Histogram(_)
             | Source::ModelCounter(_)
             | Source::Model(_)
@@ -136,6 +147,18 @@ static FAMILIES: &[Family] = &[
         source: Source::LaneHistogram(|m, lane| &m.queue_wait[lane as usize]),
     },
     Family {
+        name: "warmpath_ttft_seconds",
+        kind: "histogram",
+        help: "Arrival to first response byte, by turn depth and prefix predicted at admission.",
+        source: Source::TurnPrefixHistogram,
+    },
+    Family {
+        name: "warmpath_queue_wait_by_turn_seconds",
+        kind: "histogram",
+        help: "Arrival to admission, by turn depth.",
+        source: Source::TurnHistogram(|m, turn| &m.queue_wait_by_turn[turn]),
+    },
+    Family {
         name: "warmpath_queue_depth",
         kind: "gauge",
         help: "Queued requests by lane.",
@@ -182,6 +205,12 @@ static FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "Recently completed sessions remembered.",
         source: Source::Model(|r| r.sessions_tracked as u64),
+    },
+    Family {
+        name: "warmpath_sessions_active",
+        kind: "gauge",
+        help: "Sessions with a request queued or in flight.",
+        source: Source::Model(|r| u64::from(r.sessions_active)),
     },
     Family {
         name: "warmpath_affinity_hits_total",
@@ -420,6 +449,8 @@ impl<'a> Scrape<'a> {
                 }
             }
             Source::LaneHistogram(pick) => self.lane_histograms(out, name, pick),
+            Source::TurnPrefixHistogram => self.turn_histograms(out, name, None),
+            Source::TurnHistogram(pick) => self.turn_histograms(out, name, Some(pick)),
             Source::ModelCounter(pick) => {
                 for (model, m) in self.models.iter().enumerate() {
                     put(out, name, &[("model", m)], self.sum_model(model, pick));
@@ -477,6 +508,34 @@ impl<'a> Scrape<'a> {
             for lane in Lane::ALL {
                 let parts = self.of_model(model).map(|counters| pick(counters, lane));
                 shard_histogram(out, name, &[("model", m), ("lane", lane.name())], parts);
+            }
+        }
+    }
+
+    /// Per model and turn bucket: `pick`'s histogram, or with `None` the TTFT histograms,
+    /// also per predicted prefix.
+    fn turn_histograms(
+        &self,
+        out: &mut String,
+        name: &str,
+        pick: Option<fn(&ModelMetrics, usize) -> &Histogram>,
+    ) {
+        for (model, m) in self.models.iter().enumerate() {
+            for (turn, turn_label) in TURN_BUCKETS.iter().enumerate() {
+                let labels = [("model", m.as_str()), ("turn", turn_label)];
+                let Some(pick) = pick else {
+                    for (warm, prefix) in PREFIX_LABELS.iter().enumerate().rev() {
+                        let parts = self.of_model(model).map(|c| &c.ttft[turn][warm]);
+                        shard_histogram(
+                            out,
+                            name,
+                            &[&labels[..], &[("prefix", prefix)]].concat(),
+                            parts,
+                        );
+                    }
+                    continue;
+                };
+                shard_histogram(out, name, &labels, self.of_model(model).map(|c| pick(c, turn)));
             }
         }
     }

@@ -80,6 +80,10 @@ pub const LATENCY_BUCKETS_US: &[u64] = &[
     600_000_000,
 ];
 
+fn latency() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_US)
+}
+
 /// A latency histogram over a fixed bucket table (non-cumulative counts; the scrape
 /// accumulates) and a sum in microseconds; single writer.
 #[derive(Debug)]
@@ -132,6 +136,13 @@ impl Histogram {
     }
 }
 
+/// The `prefix` label values of `warmpath_ttft_seconds`, indexed by `warm as usize`.
+pub const PREFIX_LABELS: [&str; 2] = ["cold", "warm"];
+
+/// Turn-depth buckets (SPEC section 10's `turn` label,
+/// [`TURN_BUCKETS`](crate::scheduler::tracker::TURN_BUCKETS)).
+pub const TURNS: usize = 5;
+
 /// Statuses are counted in a dense array indexed by the code (100..=599).
 pub const STATUS_SLOTS: usize = 600;
 
@@ -146,6 +157,12 @@ pub struct ModelMetrics {
     pub ttfb: Histogram,
     /// Queue wait by lane, indexed by `Lane as usize`.
     pub queue_wait: [Histogram; 4],
+    /// Issue [10]: arrival to first response byte (the first body byte of a streamed
+    /// response, the head of any other), by turn bucket and predicted prefix
+    /// (`[turn][warm as usize]`).
+    pub ttft: [[Histogram; 2]; TURNS],
+    /// Issue [10]: queue wait by turn bucket.
+    pub queue_wait_by_turn: [Histogram; TURNS],
     /// Upstream errors, `[backend][kind]`.
     pub upstream_errors: Box<[[AtomicU64; 5]]>,
     /// Dead pooled connections replaced by a fresh one to the same backend.
@@ -159,6 +176,8 @@ impl ModelMetrics {
             duration: Histogram::new(LATENCY_BUCKETS_US),
             ttfb: Histogram::new(LATENCY_BUCKETS_US),
             queue_wait: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
+            ttft: std::array::from_fn(|_| std::array::from_fn(|_| latency())),
+            queue_wait_by_turn: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
             upstream_errors: (0..backends).map(|_| Default::default()).collect(),
             pool_reconnects: AtomicU64::new(0),
         }
@@ -167,6 +186,12 @@ impl ModelMetrics {
     /// Counts a response with `status`.
     pub fn count_status(&self, status: u16) {
         add(&self.status[usize::from(status).min(STATUS_SLOTS - 1)], 1);
+    }
+
+    /// Records a time to first response byte of a request admitted with `turn` (a bucket)
+    /// and `warm` (issue \[10\]).
+    pub fn observe_ttft(&self, turn: usize, warm: bool, value: Duration) {
+        self.ttft[turn][usize::from(warm)].observe(value);
     }
 
     /// Counts an upstream error on `backend`.
@@ -185,6 +210,12 @@ impl ModelMetrics {
         self.duration.copy_from(&other.duration);
         self.ttfb.copy_from(&other.ttfb);
         for (to, from) in self.queue_wait.iter().zip(&other.queue_wait) {
+            to.copy_from(from);
+        }
+        for (to, from) in self.ttft.iter().flatten().zip(other.ttft.iter().flatten()) {
+            to.copy_from(from);
+        }
+        for (to, from) in self.queue_wait_by_turn.iter().zip(&other.queue_wait_by_turn) {
             to.copy_from(from);
         }
         for (to, from) in self.upstream_errors.iter().zip(other.upstream_errors.iter()) {

@@ -23,6 +23,8 @@ pub struct Report {
     pub depth: [u32; 4],
     pub inflight: u32,
     pub sessions_tracked: usize,
+    /// Sessions with a request queued or in flight (issue \[10\]).
+    pub sessions_active: u32,
     /// See [`Scheduler::oldest_arrival`].
     pub oldest_arrival: Option<Tick>,
     /// The [`OLDEST_WAITING_MAX`] longest-waiting queued requests, oldest first.
@@ -69,6 +71,7 @@ impl Report {
         }
         self.inflight = scheduler.inflight();
         self.sessions_tracked = scheduler.sessions_tracked();
+        self.sessions_active = scheduler.sessions_active();
         self.oldest_arrival = scheduler.oldest_arrival();
         // Reserved once, at the first fill: later fills reuse it and do not allocate.
         self.oldest_waiting.clear();

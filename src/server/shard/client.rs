@@ -24,6 +24,7 @@ use crate::protocol::{
     FieldValue, Framing, ProtocolError, RequestHead, Side, Span, Version,
 };
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
+use crate::scheduler::tracker::turn_bucket;
 use crate::scheduler::{Arrival, Input, Output, RequestId, Usage};
 use crate::server::access_log::{self, Outcome, ShardLog};
 use crate::server::generation::{Generation, Model, SessionSource};
@@ -624,11 +625,14 @@ impl Clients {
         ShardMetrics::set(&cx.metrics.buffered, self.buffered);
         let model = req.model;
         match output {
-            Output::Admit { backend, lane, waited, .. } => {
-                req.admission = Some(Admission { backend, lane, waited });
+            Output::Admit { backend, lane, waited, turn, warm, .. } => {
+                let turn = turn_bucket(turn);
+                req.admission = Some(Admission { backend, lane, waited, turn, warm });
                 if let Some(m) = model {
                     let wait = cx.rate.duration(waited);
-                    cx.metrics.models[usize::from(m)].queue_wait[lane as usize].observe(wait);
+                    let metrics = &cx.metrics.models[usize::from(m)];
+                    metrics.queue_wait[lane as usize].observe(wait);
+                    metrics.queue_wait_by_turn[turn].observe(wait);
                 }
                 upstreams.forward(key, self, cx);
             }

@@ -33,6 +33,10 @@ pub(super) struct Admission {
     pub(super) backend: u16,
     pub(super) lane: Lane,
     pub(super) waited: Tick,
+    /// Issue [10]: the turn depth's bucket ([`turn_bucket`](crate::scheduler::tracker::turn_bucket))
+    /// and the prefix predicted at admission.
+    pub(super) turn: usize,
+    pub(super) warm: bool,
 }
 
 /// Which session source identified the request (issue [10]) and where the value lies: what

@@ -139,6 +139,12 @@ impl Upstream {
         let keep_alive = req.keep_alive && !cx.shutting_down();
         let client = ClientInfo { version: req.head.version, keep_alive };
         let admission = req.admission.expect("admitted");
+        if !req.streaming {
+            // Issue [10]: the head is an unstreamed response's first byte (a streamed one's
+            // is its first body byte, below).
+            let ttft = cx.rate.duration(cx.now().saturating_sub(req.started));
+            cx.metrics.models[model].observe_ttft(admission.turn, admission.warm, ttft);
+        }
         let mut wait = [0u8; 20];
         let wait = crate::protocol::decimal(
             u64::try_from(cx.rate.duration(admission.waited).as_micros()).unwrap_or(u64::MAX),
@@ -594,6 +600,10 @@ impl Upstreams {
             u.paused = true;
         }
         if first_byte {
+            if let Some(a) = req.admission {
+                let ttft = cx.rate.duration(cx.now().saturating_sub(req.started));
+                cx.metrics.models[usize::from(model)].observe_ttft(a.turn, a.warm, ttft);
+            }
             cx.send(model, Input::FirstByte(id));
         }
         clients.flush(client, self, cx);

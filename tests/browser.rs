@@ -40,16 +40,17 @@ const ADMITTED: usize = 4;
 /// browser; the page itself polls every 2 s).
 const BROWSER_PATIENCE: Duration = Duration::from_secs(40);
 
-/// What the page shows, read in the page: the model card's cells (`pointer: [format, shown]`,
-/// the oldest-waiting table aside), the ids in that table, each backend's row
+/// What the page shows, read in the page: the model card's cells (`[pointer, format, shown]`,
+/// the oldest-waiting rows aside, the count in that table's caption included), the ids in
+/// those rows, each backend's row
 /// (`pointer: shown`), the header's live marker, whether the inline style applied (the body's
 /// margin is 0 only under status.css) and the queue sparkline's points and label.
 const READ_PAGE: &str = r##"(() => {
   const card = document.querySelector("section.model");
-  const cells = {};
+  const cells = [];
   card.querySelectorAll("[data-p]:not(th)").forEach((c) => {
-    if (!c.closest("table.waiting"))
-      cells[c.getAttribute("data-p")] = [c.getAttribute("data-f"), c.getAttribute("data-v")];
+    if (!c.closest("table.waiting > tbody"))
+      cells.push([c.getAttribute("data-p"), c.getAttribute("data-f"), c.getAttribute("data-v")]);
   });
   const waiting = Array.from(card.querySelectorAll("table.waiting tbody tr"))
     .map((tr) => tr.cells[0].textContent);
@@ -125,9 +126,9 @@ fn as_count(value: Option<&Value>) -> String {
 /// they move between the page's poll and this read.
 fn mismatches(shown: &Value, queue: &Value, backends: &[Value]) -> Vec<String> {
     let mut out = Vec::new();
-    let cells = shown["cells"].as_object().expect("the card's cells");
-    for (pointer, cell) in cells {
-        let (format, text) = (cell[0].as_str().unwrap_or(""), cell[1].as_str().unwrap_or(""));
+    let cells = shown["cells"].as_array().expect("the card's cells");
+    for cell in cells {
+        let [pointer, format, text] = [0, 1, 2].map(|i| cell[i].as_str().unwrap_or(""));
         let expected = as_count(queue.pointer(pointer));
         if format == "int" && text != expected {
             out.push(format!("card {pointer}: page {text}, /debug/queue {expected}"));
@@ -195,9 +196,11 @@ fn matching(page: &mut Page<'_>, admin: SocketAddr, wanted: impl Fn(&Value) -> b
     }
 }
 
-/// The card cell `pointer` as shown.
+/// The first card cell naming `pointer`, as shown.
 fn cell<'a>(shown: &'a Value, pointer: &str) -> &'a str {
-    shown["cells"][pointer][1].as_str().unwrap_or_else(|| panic!("no cell {pointer}: {shown}"))
+    let cells = shown["cells"].as_array().expect("the card's cells");
+    let found = cells.iter().find(|cell| cell[0] == pointer).and_then(|cell| cell[2].as_str());
+    found.unwrap_or_else(|| panic!("no cell {pointer}: {shown}"))
 }
 
 #[test]
@@ -223,7 +226,7 @@ fn the_status_page_updates_live_in_a_real_browser() {
 
     // The idle router, as the page shows it once its script has polled.
     let idle = matching(&mut page, router.admin, |shown| {
-        shown["cells"]["/queued"][1] == "0" && shown["cells"]["/inflight"][1] == "0"
+        cell(shown, "/queued") == "0" && cell(shown, "/inflight") == "0"
     });
     assert_eq!(idle["styled"], true, "the inline style did not apply (CSP?): {idle}");
     page.eval("window.warmpathTestMark = true");
@@ -237,7 +240,7 @@ fn the_status_page_updates_live_in_a_real_browser() {
     }
     client::wait_queued(router.admin, MODEL, (REQUESTS - ADMITTED) as u64);
     let busy = matching(&mut page, router.admin, |shown| {
-        shown["same_document"] == true && shown["cells"]["/queued"][1] != "0"
+        shown["same_document"] == true && cell(shown, "/queued") != "0"
     });
     let queued = (REQUESTS - ADMITTED).to_string();
     assert_eq!(cell(&busy, "/queued"), queued, "{busy}");

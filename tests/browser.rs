@@ -203,6 +203,35 @@ fn cell<'a>(shown: &'a Value, pointer: &str) -> &'a str {
     found.unwrap_or_else(|| panic!("no cell {pointer}: {shown}"))
 }
 
+/// Waits for the queue's sparkline to have several samples and checks that its maximum is at
+/// least the `queued` the page shows now (and no more than every request sent: a poll may
+/// have caught them before their admissions); then writes a screenshot of the viewport and
+/// returns where.
+fn chart_and_screenshot(page: &mut Page<'_>, queued: usize) -> PathBuf {
+    let deadline = Deadline::after(BROWSER_PATIENCE);
+    let chart = loop {
+        let shown = page.eval(READ_PAGE);
+        if shown["samples"].as_u64() >= Some(4) {
+            break shown;
+        }
+        assert!(!deadline.passed(), "the sparkline was never drawn: {shown}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let label = chart["chart"].as_str().unwrap_or("");
+    let max = label.strip_prefix("queued (max ").and_then(|rest| rest.strip_suffix(')'));
+    let max: usize = max.and_then(|max| max.parse().ok()).unwrap_or_else(|| panic!("{chart}"));
+    assert!((queued..=REQUESTS).contains(&max), "{chart}");
+
+    let png = page.screenshot();
+    assert_eq!(png_size(&png), Some((WIDTH, HEIGHT)), "not a {WIDTH}x{HEIGHT} PNG");
+    let path = std::env::var_os("WARMPATH_STATUS_SCREENSHOT").map_or_else(
+        || PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png"),
+        PathBuf::from,
+    );
+    std::fs::write(&path, &png).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
 #[test]
 fn the_status_page_updates_live_in_a_real_browser() {
     let Some(binary) = chromium_or_skip() else { return };
@@ -239,12 +268,12 @@ fn the_status_page_updates_live_in_a_real_browser() {
         conns.push(conn);
     }
     client::wait_queued(router.admin, MODEL, (REQUESTS - ADMITTED) as u64);
-    let busy = matching(&mut page, router.admin, |shown| {
-        shown["same_document"] == true && cell(shown, "/queued") != "0"
-    });
     let queued = (REQUESTS - ADMITTED).to_string();
-    assert_eq!(cell(&busy, "/queued"), queued, "{busy}");
-    assert_eq!(cell(&busy, "/inflight"), ADMITTED.to_string(), "{busy}");
+    let busy = matching(&mut page, router.admin, |shown| {
+        shown["same_document"] == true
+            && cell(shown, "/queued") == queued
+            && cell(shown, "/inflight") == ADMITTED.to_string()
+    });
     assert_eq!(busy["waiting"].as_array().map(Vec::len), Some(REQUESTS - ADMITTED), "{busy}");
     for pointer in ["/queued", "/inflight", "/depth/normal", "/admitted/normal"] {
         assert_ne!(cell(&idle, pointer), cell(&busy, pointer), "{pointer} did not change");
@@ -253,25 +282,7 @@ fn the_status_page_updates_live_in_a_real_browser() {
         assert_eq!(busy["backends"][address]["/gates/slots"], "full", "{busy}");
     }
 
-    // The sparkline, drawn from the polls: several samples, its maximum the queue's depth.
-    let deadline = Deadline::after(BROWSER_PATIENCE);
-    let chart = loop {
-        let shown = page.eval(READ_PAGE);
-        if shown["samples"].as_u64() >= Some(4) {
-            break shown;
-        }
-        assert!(!deadline.passed(), "the sparkline was never drawn: {shown}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(chart["chart"], format!("queued (max {queued})"), "{chart}");
-
-    let png = page.screenshot();
-    assert_eq!(png_size(&png), Some((WIDTH, HEIGHT)), "not a {WIDTH}x{HEIGHT} PNG");
-    let path = std::env::var_os("WARMPATH_STATUS_SCREENSHOT").map_or_else(
-        || PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png"),
-        PathBuf::from,
-    );
-    std::fs::write(&path, &png).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    let path = chart_and_screenshot(&mut page, REQUESTS - ADMITTED);
     let _ = writeln!(
         std::io::stderr(),
         "tests/browser.rs: the page updated and matched the debug documents in {:.1?}; \

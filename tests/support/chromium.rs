@@ -19,6 +19,10 @@ use serde_json::{json, Value};
 
 use super::Deadline;
 
+/// The browser's standard error, in its profile directory; its end is quoted when a command
+/// fails.
+const LOG: &str = "chromium.log";
+
 /// How long one DevTools command may take before the test fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -35,7 +39,7 @@ pub fn find() -> Option<PathBuf> {
 }
 
 /// A running headless Chromium; dropping it closes the browser (killing it if it does not
-/// exit within 5 s) and removes its profile directory.
+/// exit within 5 s) and removes its profile directory (which holds its standard error).
 #[derive(Debug)]
 pub struct Browser {
     child: Child,
@@ -50,8 +54,8 @@ impl Browser {
     pub fn launch(binary: &Path, width: u32, height: u32) -> Browser {
         static LAUNCHES: AtomicU64 = AtomicU64::new(0);
         let launch = LAUNCHES.fetch_add(1, Ordering::Relaxed);
-        let profile = std::env::temp_dir()
-            .join(format!("warmpath-chromium-{}-{launch}", std::process::id()));
+        let profile =
+            std::env::temp_dir().join(format!("warmpath-chromium-{}-{launch}", std::process::id()));
         std::fs::create_dir_all(&profile).expect("a profile directory");
         let mut child = Command::new("sh")
             .arg("-c")
@@ -74,7 +78,7 @@ impl Browser {
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(profile.join(LOG)).expect("a log file"))
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
         let commands = child.stdin.take().expect("the command pipe");
@@ -113,8 +117,12 @@ impl Browser {
         loop {
             let message = match self.messages.recv_timeout(deadline.remaining()) {
                 Ok(message) => message,
-                Err(RecvTimeoutError::Timeout) => panic!("{method}: no answer in {COMMAND_TIMEOUT:?}"),
-                Err(RecvTimeoutError::Disconnected) => panic!("{method}: the browser went away"),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("{method}: no answer in {COMMAND_TIMEOUT:?}; {}", self.log_end())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("{method}: the browser went away; {}", self.log_end())
+                }
             };
             if message["id"].as_u64() != Some(id) {
                 continue; // an event, or the answer to a command given up on
@@ -124,6 +132,13 @@ impl Browser {
             }
             return message["result"].clone();
         }
+    }
+
+    /// The last 2,000 bytes of the browser's standard error.
+    fn log_end(&self) -> String {
+        let log = std::fs::read(self.profile.join(LOG)).unwrap_or_default();
+        let end = String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]).into_owned();
+        format!("the end of its standard error:\n{end}")
     }
 
     /// A new tab showing `url`, with a `width` × `height` viewport.

@@ -44,9 +44,11 @@ const BROWSER_PATIENCE: Duration = Duration::from_secs(40);
 /// the oldest-waiting rows aside, the count in that table's caption included), the ids in
 /// those rows, each backend's row
 /// (`pointer: shown`), the header's live marker, whether the inline style applied (the body's
-/// margin is 0 only under status.css) and the queue sparkline's points and label.
+/// margin is 0 only under status.css) and the queue sparkline's points and label; `null`
+/// while the page is still loading.
 const READ_PAGE: &str = r##"(() => {
   const card = document.querySelector("section.model");
+  if (!card || !document.getElementById("live")) return null; // not loaded yet
   const cells = [];
   card.querySelectorAll("[data-p]:not(th)").forEach((c) => {
     if (!c.closest("table.waiting > tbody"))
@@ -176,7 +178,8 @@ fn matching(page: &mut Page<'_>, admin: SocketAddr, wanted: impl Fn(&Value) -> b
     let deadline = Deadline::after(BROWSER_PATIENCE);
     loop {
         let shown = page.eval(READ_PAGE);
-        let differences = if shown["live"] == "live" && wanted(&shown) {
+        let loaded = !shown.is_null();
+        let differences = if loaded && shown["live"] == "live" && wanted(&shown) {
             let queue = client::model_queue(admin, MODEL);
             let backends = client::get(admin, "/debug/backends").json();
             let backends = backends["backends"].as_array().cloned().unwrap_or_default();
@@ -185,8 +188,10 @@ fn matching(page: &mut Page<'_>, admin: SocketAddr, wanted: impl Fn(&Value) -> b
                 return shown;
             }
             differences
-        } else {
+        } else if loaded {
             vec!["not live yet, or not the state waited for".to_owned()]
+        } else {
+            vec!["the page has not loaded yet".to_owned()]
         };
         assert!(
             !deadline.passed(),

@@ -57,6 +57,9 @@ impl Browser {
         let profile =
             std::env::temp_dir().join(format!("warmpath-chromium-{}-{launch}", std::process::id()));
         std::fs::create_dir_all(&profile).expect("a profile directory");
+        // `--no-sandbox`: CI runs as root, where Chromium's sandbox refuses to start;
+        // `--disable-dev-shm-usage`: containers often have a small /dev/shm. The rest keep a
+        // fresh profile from reaching out to the network or showing first-run pages.
         let mut child = Command::new("sh")
             .arg("-c")
             .arg("exec \"$0\" \"$@\" 3<&0 4>&1 0</dev/null 1>&2")

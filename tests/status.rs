@@ -1,7 +1,8 @@
 //! The status page (issue [10], item 4): `GET /status` on the admin listener only, a
 //! self-contained HTML page whose server-rendered numbers are `/debug/queue`'s and
 //! `/debug/backends'`, with every configured string escaped and nothing loaded from elsewhere.
-//! Behaviour only; what it costs to render is `benches/status.rs`'s business.
+//! Behaviour only; what it costs to render is `benches/status.rs`'s business, and what the
+//! page's script does in a browser is `tests/browser.rs`'s.
 
 mod support;
 

@@ -105,8 +105,10 @@
     for (var i = 0; i < cards.length; i++) {
       var model = queue.models[i];
       if (cards[i].getAttribute("data-model") !== model.model) return false;
+      // Every cell of the card but the oldest-waiting rows (rebuilt below); the table's
+      // caption holds a count of the model's own.
       cards[i].querySelectorAll("[data-p]:not(th)").forEach(function (cell) {
-        if (!cell.closest("table.waiting")) fill(cell, model);
+        if (!cell.closest("table.waiting > tbody")) fill(cell, model);
       });
       rebuild(cards[i].querySelector("table.waiting"), model.oldest_waiting);
       chart(cards[i], model, now);

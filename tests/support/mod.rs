@@ -5,7 +5,9 @@
 //!   framing, SSE events as they arrive) plus admin helpers for `/metrics` and `/debug/queue`;
 //! - [`router`]: a TOML configuration builder and a handle on a running `warmpath::server`;
 //! - [`ledger`]: every request's one outcome, checked against the router's counters and an
-//!   idle `/debug/queue` at the end of a fault-injection or hostile-input test.
+//!   idle `/debug/queue` at the end of a fault-injection or hostile-input test;
+//! - [`chromium`]: headless Chromium driven through the DevTools protocol over a pipe
+//!   (`tests/browser.rs`).
 //!
 //! Time is read through `warmpath::clock` (clippy bans `Instant::now` outside it), and every
 //! wait is a poll with a deadline, never a fixed sleep used as synchronisation.
@@ -13,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod chromium;
 pub mod client;
 pub mod ledger;
 pub mod router;

@@ -654,16 +654,22 @@ impl Clients {
         upstreams: &mut Upstreams,
         cx: &mut Cx,
     ) {
-        let shutting = cx.shutting_down();
-        let c = &mut self.conns[key];
-        let req = c.req.map(|slot| &self.requests[slot]);
-        let to = AnswerTo {
-            version: req.map_or(Version::Http11, |r| r.head.version),
-            keep_alive: req.is_some_and(|r| r.keep_alive) && !c.closing && !shutting,
-            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
-        };
-        write_router_error(&mut c.wbuf, answer, to);
+        let to = self.answer_to(key, cx);
+        write_router_error(&mut self.conns[key].wbuf, answer, to);
         self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
+    }
+
+    /// How an answer of the router's own to the request on `key` is framed: its client's
+    /// version, `HEAD` or not, and kept alive unless the request, the connection or the
+    /// shutdown says close.
+    fn answer_to(&self, key: usize, cx: &Cx) -> AnswerTo {
+        let c = &self.conns[key];
+        let req = c.req.map(|slot| &self.requests[slot]);
+        AnswerTo {
+            version: req.map_or(Version::Http11, |r| r.head.version),
+            keep_alive: req.is_some_and(|r| r.keep_alive) && !c.closing && !cx.shutting_down(),
+            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
+        }
     }
 
     /// Writes a router answer with `status` and a JSON body, then ends the request.
@@ -675,15 +681,8 @@ impl Clients {
         upstreams: &mut Upstreams,
         cx: &mut Cx,
     ) {
-        let shutting = cx.shutting_down();
-        let c = &mut self.conns[key];
-        let req = c.req.map(|slot| &self.requests[slot]);
-        let to = AnswerTo {
-            version: req.map_or(Version::Http11, |r| r.head.version),
-            keep_alive: req.is_some_and(|r| r.keep_alive) && !shutting,
-            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
-        };
-        write_json(&mut c.wbuf, status, body, to);
+        let to = self.answer_to(key, cx);
+        write_json(&mut self.conns[key].wbuf, status, body, to);
         self.finish_response(key, status, to.keep_alive, None, upstreams, cx);
     }
 

@@ -58,7 +58,7 @@ pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
 pub use forward::{write_upstream_head, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, BodyFields, FieldValue, ModelField};
-pub use prompt::{find_model_and_prompt, scan_body, PromptHasher};
+pub use prompt::{find_model_and_prompt, scan_body, Ends, PromptHasher};
 pub use relay::BodyRelay;
 pub use request::{parse_request_head, Framing, RequestHead};
 pub use response::{

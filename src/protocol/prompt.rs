@@ -49,6 +49,20 @@
 //! scanned a second time (that array only). Nothing allocates once the caller's vector has
 //! grown to the longest prompt: the pending ranges are on the stack.
 //!
+//! # Conversation ends
+//!
+//! For sessions derived without an identity (issue \[10\], `derive_sessions`), the hasher also
+//! names the text up to each message boundary: at the end of every element of `messages`,
+//! once a message whose role is neither `system` nor `developer` has been seen, its **end
+//! hash** is xxh3-64 of the current partial block's bytes seeded with the chain so far (xor
+//! [`END_SEED`], so that an end hash is never a block hash). Equal texts give equal end hashes
+//! however they are cut into pieces, and a text's end hash changes with any of its bytes, the
+//! partial block included, so two prompts that share a system prompt but not the first user
+//! message never share one. The last [`ENDS`] are kept ([`Ends`]): the next turn of a
+//! conversation resends the previous prompt's messages and appends one or a few, so one of its
+//! last ends is where the previous prompt ended. Only the `messages` form has boundaries; a
+//! `prompt` body has no ends.
+//!
 //! The prompt text is not checked against this definition here but in
 //! `harness::reference_prompt_text`, a restatement on serde_json that the unit tests, the
 //! proptests and the `model_field` fuzz target compare the pass with.
@@ -63,6 +77,48 @@ use super::json::find_model;
 use super::json::{
     find_model_observed, observe_value, unescaped_eq, BodyFields, ModelField, Observer, Unobserved,
 };
+
+/// Message boundaries whose end hashes a prompt keeps: its whole text's and up to
+/// `ENDS - 1` before it.
+pub const ENDS: usize = 8;
+
+/// Seeds end hashes apart from block hashes (xor with the chain): "ENDHASH\0".
+pub const END_SEED: u64 = 0x454e_4448_4153_4800;
+
+/// The end hashes of a prompt's last message boundaries ([module docs](self)), newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ends {
+    /// `hashes[..len]`, newest first.
+    hashes: [u64; ENDS],
+    len: u8,
+    /// The newest end is the end of the whole prompt text (no piece came after it).
+    whole: bool,
+}
+
+impl Ends {
+    /// No ends: a prompt without conversation boundaries.
+    pub const NONE: Ends = Ends { hashes: [0; ENDS], len: 0, whole: false };
+
+    /// The end hashes, newest first.
+    pub fn all(&self) -> &[u64] {
+        &self.hashes[..usize::from(self.len)]
+    }
+
+    /// The end hash of the whole prompt text, when its last piece ended a message.
+    pub fn whole(&self) -> Option<u64> {
+        self.all().first().copied().filter(|_| self.whole)
+    }
+
+    /// The ends before the whole prompt's, newest first: where an earlier turn of the same
+    /// conversation may have ended.
+    pub fn earlier(&self) -> &[u64] {
+        let all = self.all();
+        match self.whole {
+            true => &all[1..],
+            false => all,
+        }
+    }
+}
 
 /// [`find_model`] and, when `prompt` is given, the chained hashes of the body's prompt, in one
 /// pass. Returns the same result as `find_model`, with the prompt text's length in bytes (0
@@ -112,6 +168,11 @@ pub struct PromptHasher {
     /// The hash of the last full block (0 before the first).
     chain: u64,
     text_bytes: usize,
+    /// End hashes of the message boundaries, a ring: the newest at `(end_count - 1) % ENDS`.
+    ends: [u64; ENDS],
+    end_count: usize,
+    /// `text_bytes` at the newest boundary.
+    end_at: usize,
 }
 
 impl PromptHasher {
@@ -124,6 +185,9 @@ impl PromptHasher {
             filled: 0,
             chain: 0,
             text_bytes: 0,
+            ends: [0; ENDS],
+            end_count: 0,
+            end_at: 0,
         }
     }
 
@@ -146,11 +210,34 @@ impl PromptHasher {
         self.feed(text, out);
     }
 
+    /// The end hashes of the last prompt's message boundaries ([module docs](self)).
+    pub fn ends(&self) -> Ends {
+        let mut ends = Ends::NONE;
+        let len = self.end_count.min(ENDS);
+        for (k, end) in ends.hashes[..len].iter_mut().enumerate() {
+            *end = self.ends[(self.end_count - 1 - k) % ENDS];
+        }
+        ends.len = len as u8;
+        ends.whole = len > 0 && self.end_at == self.text_bytes;
+        ends
+    }
+
     fn reset(&mut self, out: &mut Vec<u64>) {
         out.clear();
         self.filled = 0;
         self.chain = 0;
         self.text_bytes = 0;
+        self.end_count = 0;
+        self.end_at = 0;
+    }
+
+    /// A message boundary: the end hash of the text so far.
+    #[inline(never)]
+    fn boundary(&mut self) {
+        let end = xxh3_64_with_seed(&self.block[..self.filled], self.chain ^ END_SEED);
+        self.ends[self.end_count % ENDS] = end;
+        self.end_count += 1;
+        self.end_at = self.text_bytes;
     }
 
     /// Appends the piece `buf[raw]` and its `0x00` separator. Most pieces of a chat are short
@@ -336,6 +423,9 @@ struct PromptWalk<'a, 'h> {
     deferred: Deferred,
     /// Of the current part.
     text_seen: bool,
+    /// A message whose role is neither `system` nor `developer` was seen: boundaries from
+    /// here on have end hashes.
+    conversation: bool,
     /// Pieces found and not fed yet, as ranges of `body`: fed [`BATCH`] at a time, so that
     /// the scan and the copying and hashing each run in a tight loop.
     batch: [(usize, usize); BATCH],
@@ -344,6 +434,9 @@ struct PromptWalk<'a, 'h> {
 
 /// Pieces fed at a time.
 const BATCH: usize = 64;
+
+/// A batch entry that is a message boundary, not a piece (no body is this long).
+const BOUNDARY: usize = usize::MAX;
 
 impl<'a, 'h> PromptWalk<'a, 'h> {
     fn new(
@@ -367,6 +460,7 @@ impl<'a, 'h> PromptWalk<'a, 'h> {
             parts_live: root == Level::Parts,
             deferred: Deferred::None,
             text_seen: false,
+            conversation: false,
             batch: [(0, 0); BATCH],
             batched: 0,
         }
@@ -393,11 +487,19 @@ impl<'a, 'h> PromptWalk<'a, 'h> {
         }
     }
 
-    /// Feeds the pieces batched so far.
+    /// Marks a message boundary among the batched pieces.
+    fn boundary(&mut self) {
+        self.piece(BOUNDARY..BOUNDARY);
+    }
+
+    /// Feeds the pieces (and boundaries) batched so far.
     #[inline(never)]
     fn flush_batch(&mut self) {
         for &(start, end) in &self.batch[..self.batched] {
-            self.hasher.piece(self.body, start..end, self.out);
+            match start {
+                BOUNDARY => self.hasher.boundary(),
+                _ => self.hasher.piece(self.body, start..end, self.out),
+            }
         }
         self.batched = 0;
     }
@@ -491,7 +593,11 @@ impl Observer for PromptWalk<'_, '_> {
     #[inline(always)]
     fn string(&mut self, _: usize, raw: Range<usize>) {
         match self.slot() {
-            Slot::Prompt | Slot::Piece | Slot::Role | Slot::Text => self.piece(raw),
+            Slot::Role => {
+                self.conversation |= !matches!(&self.body[raw.clone()], b"system" | b"developer");
+                self.piece(raw);
+            }
+            Slot::Prompt | Slot::Piece | Slot::Text => self.piece(raw),
             Slot::Content if self.role_seen => self.piece(raw),
             Slot::Content => self.deferred = Deferred::String(raw),
             _ => {}
@@ -530,7 +636,14 @@ impl Observer for PromptWalk<'_, '_> {
     #[inline(always)]
     fn close(&mut self, depth: usize, at: usize) {
         match self.here {
-            Level::Message if self.deferred != Deferred::None => self.flush_deferred(),
+            Level::Message => {
+                if self.deferred != Deferred::None {
+                    self.flush_deferred();
+                }
+                if self.conversation {
+                    self.boundary();
+                }
+            }
             Level::Parts => {
                 if let Deferred::Parts(parts) = &mut self.deferred {
                     parts.end = at + 1;

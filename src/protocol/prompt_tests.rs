@@ -303,3 +303,137 @@ proptest! {
         check_model_field(&body);
     }
 }
+
+// Conversation ends (issue [10]'s derived sessions).
+
+/// A chat body of `messages` (role, content), content strings as given (no escaping needed).
+fn chat(messages: &[(&str, &str)]) -> String {
+    let list: Vec<String> = messages
+        .iter()
+        .map(|(role, content)| format!(r#"{{"role":"{role}","content":"{content}"}}"#))
+        .collect();
+    format!(r#"{{"model":"m","messages":[{}]}}"#, list.join(","))
+}
+
+fn ends_of(body: &str, block: usize) -> Ends {
+    let mut hasher = PromptHasher::new(block);
+    hasher.hash_body(body.as_bytes(), &mut Vec::new());
+    hasher.ends()
+}
+
+/// An end hash by the definition: the partial block after the text's full blocks, seeded with
+/// the chain of those blocks xor `END_SEED`.
+fn end_by_hand(text: &[u8], block: usize) -> u64 {
+    let full = text.len() / block * block;
+    let chain = by_hand(&text[..full], block).last().copied().unwrap_or(0);
+    xxh3_64_with_seed(&text[full..], chain ^ END_SEED)
+}
+
+#[test]
+fn a_next_turn_holds_the_previous_prompts_end() {
+    let turn1 = [("system", "be brief"), ("user", "what is a prefix cache")];
+    let turn2 = [
+        ("system", "be brief"),
+        ("user", "what is a prefix cache"),
+        ("assistant", "a cache of attention keys and values"),
+        ("user", "and who evicts it"),
+    ];
+    for block in [1, 4, 16, 256] {
+        let first = ends_of(&chat(&turn1), block);
+        let whole = first.whole().expect("a chat prompt ends a message");
+        let text = b"system\0be brief\0user\0what is a prefix cache\0";
+        assert_eq!(whole, end_by_hand(text, block), "block {block}");
+        let next = ends_of(&chat(&turn2), block);
+        assert_eq!(next.earlier().get(1), Some(&whole), "two messages on, block {block}");
+        assert_ne!(next.whole(), Some(whole));
+    }
+}
+
+#[test]
+fn a_shared_system_prompt_alone_shares_no_end() {
+    let a = ends_of(&chat(&[("system", "you are a helpful assistant"), ("user", "hi")]), 16);
+    let b = ends_of(&chat(&[("system", "you are a helpful assistant"), ("user", "yo")]), 16);
+    // No boundary before the first message that is not the system prompt.
+    assert_eq!(a.all().len(), 1);
+    assert!(b.earlier().is_empty());
+    assert_ne!(a.whole(), b.whole());
+    let developer = chat(&[("developer", "rules"), ("system", "more rules"), ("user", "hi")]);
+    assert_eq!(ends_of(&developer, 16).all().len(), 1);
+    // Even when the texts differ only after the last full block (the partial block counts).
+    let (x, y) = (chat(&[("user", "aaaaaaaaaaaaaaaa1")]), chat(&[("user", "aaaaaaaaaaaaaaaa2")]));
+    assert_ne!(ends_of(&x, 16).whole(), ends_of(&y, 16).whole());
+}
+
+#[test]
+fn ends_are_kept_newest_first_and_only_for_messages() {
+    let many: Vec<(&str, &str)> =
+        (0..12).map(|i| (["user", "assistant"][i % 2], "words words")).collect();
+    let ends = ends_of(&chat(&many), 8);
+    assert_eq!(ends.all().len(), ENDS);
+    assert_eq!(ends.earlier().len(), ENDS - 1);
+    // The newest is the whole text's; each earlier one is a shorter conversation's whole.
+    for k in 0..ENDS {
+        let shorter = ends_of(&chat(&many[..many.len() - k]), 8);
+        assert_eq!(Some(ends.all()[k]), shorter.whole(), "{k} messages back");
+    }
+    let completion = r#"{"model":"m","prompt":"once upon a time"}"#;
+    assert_eq!(ends_of(completion, 8), Ends::NONE);
+    // A prompt after the messages: the newest end is not the whole text's.
+    let both = r#"{"model":"m","messages":[{"role":"user","content":"a"}],"prompt":"b"}"#;
+    let ends = ends_of(both, 8);
+    assert_eq!((ends.all().len(), ends.whole(), ends.earlier().len()), (1, None, 1));
+}
+
+#[test]
+fn ends_do_not_depend_on_key_order_or_batching() {
+    let role_first = chat(&[("user", "hello there"), ("assistant", "hi")]);
+    let content_first = r#"{"model":"m","messages":[{"content":"hello there","role":"user"},
+        {"content":[{"type":"text","text":"hi"}],"role":"assistant"}]}"#;
+    let parts = r#"{"model":"m","messages":[{"role":"user","content":"hello there"},
+        {"role":"assistant","content":[{"type":"text","text":"hi"}]}]}"#;
+    for block in [1, 3, 256] {
+        let a = ends_of(&role_first, block);
+        assert_eq!(a, ends_of(content_first, block), "block {block}");
+        assert_eq!(a, ends_of(parts, block), "block {block}");
+    }
+    // More messages than a batch holds pieces.
+    let long: Vec<(&str, &str)> = (0..100).map(|_| ("user", "x")).collect();
+    let ends = ends_of(&chat(&long), 5);
+    let text = b"user\0x\0".repeat(100);
+    assert_eq!(ends.whole(), Some(end_by_hand(&text, 5)));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A conversation grown by a few messages keeps the earlier prompt's whole end among its
+    /// earlier ends, at the right place, for any block size and message lengths; and every end
+    /// matches the definition.
+    #[test]
+    fn a_grown_conversation_finds_its_previous_end(
+        lengths in proptest::collection::vec(0usize..300, 2..20),
+        grown in 1usize..ENDS,
+        block in 1usize..300,
+    ) {
+        let contents: Vec<String> =
+            lengths.iter().enumerate().map(|(i, &n)| "w".repeat(n) + &i.to_string()).collect();
+        let roles = ["user", "assistant"];
+        let messages: Vec<(&str, &str)> =
+            contents.iter().enumerate().map(|(i, c)| (roles[i % 2], c.as_str())).collect();
+        let cut = messages.len().saturating_sub(grown).max(1);
+        let before = ends_of(&chat(&messages[..cut]), block);
+        let after = ends_of(&chat(&messages), block);
+        let mut text = Vec::new();
+        for (role, content) in &messages[..cut] {
+            text.extend_from_slice(role.as_bytes());
+            text.push(0);
+            text.extend_from_slice(content.as_bytes());
+            text.push(0);
+        }
+        prop_assert_eq!(before.whole(), Some(end_by_hand(&text, block)));
+        let back = messages.len() - cut;
+        if back >= 1 && back < ENDS {
+            prop_assert_eq!(after.earlier().get(back - 1).copied(), before.whole());
+        }
+    }
+}

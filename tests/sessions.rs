@@ -169,3 +169,60 @@ fn hostile_session_sources_count_as_absent() {
     refused.assert_error(400, "invalid_request");
     client::wait_idle(router.admin, M);
 }
+
+/// A chat completion of `messages` (role, content) with no identity anywhere.
+fn conversation(messages: &[(&str, &str)]) -> Vec<u8> {
+    let list: Vec<String> = messages
+        .iter()
+        .map(|(role, content)| format!("{{\"role\":\"{role}\",\"content\":\"{content}\"}}"))
+        .collect();
+    let body = format!("{{\"model\":\"{M}\",\"messages\":[{}]}}", list.join(","));
+    request(
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+}
+
+/// Issue [10]'s derived sessions: a client that sends no identity but resends its
+/// conversation with the answer and a new message is recognised as that conversation's next
+/// turn (boosted, `derived` in the debug header and the access log); another conversation with
+/// the same system prompt is not; with `derive_sessions = false` nothing is derived.
+#[test]
+fn a_conversation_without_identity_is_derived() {
+    let backend = Backend::start();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sessions-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join(format!("derived-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let router = Setup::new()
+        .model(M, &[backend.address()])
+        .server("debug_headers", "true")
+        .server("access_log", log.to_str().unwrap())
+        .start();
+    let system = ("system", "You are terse.");
+    let first = [system, ("user", "What is a prefix cache?")];
+    turn(&router, &conversation(&first), "normal", "none");
+    wait_tracked(&router, 1);
+    let second = [system, first[1], ("assistant", "Reused attention state."), ("user", "And?")];
+    turn(&router, &conversation(&second), "boosted", "derived");
+    // Same system prompt, another question: a conversation of its own.
+    turn(&router, &conversation(&[system, ("user", "What is KV?")]), "normal", "none");
+    client::wait_idle(router.admin, M);
+    let lines = support::wait_until("three access-log lines", support::PATIENCE, || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let lines: Vec<serde_json::Value> =
+            text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+        (lines.len() >= 3).then_some(lines)
+    });
+    let sources: Vec<&str> = lines.iter().map(|l| l["session_source"].as_str().unwrap()).collect();
+    assert_eq!(sources, ["none", "derived", "none"]);
+    assert!(lines[1]["session"].is_null(), "a derived session has no client id: {}", lines[1]);
+
+    let off = start(&backend, &[("derive_sessions", "false")]);
+    turn(&off, &conversation(&first), "normal", "none");
+    client::wait_idle(off.admin, M);
+    turn(&off, &conversation(&second), "normal", "none");
+    client::wait_idle(off.admin, M);
+}

@@ -41,6 +41,7 @@ pub(crate) const QUEUE_KEYS: &[&str] = &[
     "prefill_tokens_per_backend",
     "session_header",
     "session_sources",
+    "derive_sessions",
     "max_sessions",
     "max_overtakes",
     "boosted_streak_max",
@@ -191,6 +192,7 @@ impl QueueConfig {
             }
             "session_header" => self.session_header = string(raw)?,
             "session_sources" => self.session_sources = Some(string_list(raw)?),
+            "derive_sessions" => self.derive_sessions = boolean(raw)?,
             "max_sessions" => self.max_sessions = unsigned(raw)?,
             "max_overtakes" => self.max_overtakes = unsigned(raw)?,
             "boosted_streak_max" => self.boosted_streak_max = unsigned(raw)?,
@@ -391,6 +393,7 @@ mod tests {
                 "strategy" => "fifo",
                 "session_header" => "X-Other",
                 "session_sources" => "body:conversation",
+                "derive_sessions" => "false",
                 k if k.contains("timeout") || k.contains("period") || k.contains("wait") => "7s",
                 _ => "7",
             };

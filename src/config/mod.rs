@@ -138,6 +138,9 @@ pub struct QueueConfig {
     /// entries in order, the first present winning (`sessions.rs`); `None` = the default list,
     /// which starts with `session_header` ([`QueueConfig::effective_session_sources`]).
     pub session_sources: Option<Vec<String>>,
+    /// Issue [10]: with `prefix-cost` routing, a request with no session identity continues
+    /// the conversation whose completed prompt its own extends (`scheduler::derive`).
+    pub derive_sessions: bool,
     /// S2: capacity of the tracker of recently completed sessions.
     pub max_sessions: u32,
     /// S4: boosted admissions a boosted request may wait through before it is forced; 0 = off.
@@ -326,6 +329,7 @@ impl Default for QueueConfig {
             prefill_tokens_per_backend: Setting::Auto,
             session_header: "X-Session-ID".to_owned(),
             session_sources: None,
+            derive_sessions: true,
             max_sessions: 4_096,
             max_overtakes: 16,
             boosted_streak_max: 0,

@@ -87,6 +87,7 @@ fn queue(out: &mut String, queue: &QueueConfig) {
     }
     line(out, "session_header", string(&queue.session_header));
     session_sources(out, queue);
+    line(out, "derive_sessions", queue.derive_sessions);
     line(out, "max_sessions", queue.max_sessions);
     line(out, "max_overtakes", queue.max_overtakes);
     line(out, "boosted_streak_max", queue.boosted_streak_max);

@@ -411,7 +411,10 @@ impl<'a> Fleet<'a> {
                 Some(slot) => {
                     let hasher = &mut self.hasher;
                     let body = &self.body;
-                    pool.with(slot, |hashes| hasher.hash_body(body, hashes));
+                    pool.with_ends(slot, |hashes, ends| {
+                        hasher.hash_body(body, hashes);
+                        *ends = hasher.ends();
+                    });
                     slot
                 }
                 None => NO_PROMPT,

@@ -432,7 +432,7 @@ proptest! {
         }
         prop_assert_eq!(before.whole(), Some(end_by_hand(&text, block)));
         let back = messages.len() - cut;
-        if back >= 1 && back < ENDS {
+        if (1..ENDS).contains(&back) {
             prop_assert_eq!(after.earlier().get(back - 1).copied(), before.whole());
         }
     }

@@ -16,10 +16,23 @@
 //! uncontended atomic exchange; it is there so that the hand-off needs no `unsafe`. A slot's
 //! vector keeps its capacity, so after warm-up nothing allocates. A full pool is not an error:
 //! the request goes without hashes, as if nothing of it were cached.
+//!
+//! A slot also carries the prompt's conversation [`Ends`] (issue \[10\]'s derived sessions):
+//! a fixed-size array beside the vector, so the scheduler can match a request without an
+//! identity to the conversation it continues.
 
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
+
+pub use crate::protocol::Ends;
+
+/// One slot's contents.
+#[derive(Debug, Default)]
+struct Slot {
+    hashes: Vec<u64>,
+    ends: Ends,
+}
 
 /// No prompt slot: the request carries no block hashes.
 pub const NO_PROMPT: u32 = u32::MAX;
@@ -27,7 +40,7 @@ pub const NO_PROMPT: u32 = u32::MAX;
 /// Block-hash buffers handed from shards to a model's scheduler.
 #[derive(Debug)]
 pub struct PromptPool {
-    slots: Box<[Mutex<Vec<u64>>]>,
+    slots: Box<[Mutex<Slot>]>,
     free: ArrayQueue<u32>,
 }
 
@@ -39,7 +52,7 @@ impl PromptPool {
         for slot in 0..capacity {
             free.push(slot).expect("sized for every slot");
         }
-        let slots = (0..capacity).map(|_| Mutex::new(Vec::new())).collect();
+        let slots = (0..capacity).map(|_| Mutex::new(Slot::default())).collect();
         Arc::new(PromptPool { slots, free })
     }
 
@@ -50,13 +63,27 @@ impl PromptPool {
 
     /// Runs `f` on slot `slot`'s vector (the caller owns the slot).
     pub fn with<R>(&self, slot: u32, f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
-        let mut hashes = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut hashes)
+        self.with_ends(slot, |hashes, _| f(hashes))
+    }
+
+    /// Runs `f` on slot `slot`'s vector and conversation ends (the caller owns the slot).
+    pub fn with_ends<R>(&self, slot: u32, f: impl FnOnce(&mut Vec<u64>, &mut Ends) -> R) -> R {
+        let mut held = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
+        let Slot { hashes, ends } = &mut *held;
+        f(hashes, ends)
+    }
+
+    /// Slot `slot`'s conversation ends (the caller owns the slot).
+    pub fn ends(&self, slot: u32) -> Ends {
+        self.with_ends(slot, |_, ends| *ends)
     }
 
     /// Gives slot `slot` back; its vector is cleared, its capacity kept.
     pub fn release(&self, slot: u32) {
-        self.with(slot, Vec::clear);
+        self.with_ends(slot, |hashes, ends| {
+            hashes.clear();
+            *ends = Ends::NONE;
+        });
         self.free.push(slot).expect("a slot is released once");
     }
 

@@ -5,6 +5,7 @@
 use crate::clock::Tick;
 use crate::ring::prompt_pool::NO_PROMPT;
 
+use super::derive::DerivedSessions;
 use super::estimate::{BackendEstimates, TokenRate};
 use super::policy::Backend;
 use super::{placement, Lane, Params, RequestId, Scheduler, Stats, Timer};
@@ -119,7 +120,7 @@ impl Scheduler {
                 id: RequestId(entry.id),
                 arrived_at: entry.arrived_at,
                 lane: Lane::ALL[lane],
-                has_session: entry.has_session,
+                has_session: entry.has_session(),
                 retries: entry.retries,
             });
             cursors[lane] = self.queue.next_in_lane(index);
@@ -174,6 +175,7 @@ impl Scheduler {
             + self.backends.capacity() * std::mem::size_of::<Backend>()
             + self.expired.capacity() * std::mem::size_of::<(Tick, Timer)>()
             + self.prefix.as_ref().map_or(0, placement::Prefix::heap_bytes)
+            + self.derived.as_ref().map_or(0, DerivedSessions::heap_bytes)
             + self.learned.heap_bytes()
     }
 

@@ -45,6 +45,7 @@
 //!   backend the scheduler does not have yet (a reload's, probed before its reconfiguration
 //!   reached the scheduler), change nothing and are counted in [`Stats::stale_events`].
 
+mod derive;
 pub mod estimate;
 pub mod heap;
 mod inspect;
@@ -66,11 +67,12 @@ use hashbrown::HashMap;
 use crate::clock::Tick;
 use crate::ring::prompt_pool::NO_PROMPT;
 use crate::wheel::{TimerKey, TimerWheel};
+use derive::DerivedSessions;
 use estimate::Learned;
 pub use inspect::Waiting;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
-use queue::{Entry, Place, Queue, NIL, NO_BACKEND};
+use queue::{Entry, Identity, Place, Queue, NIL, NO_BACKEND};
 use tracker::SessionTracker;
 
 /// A request's id, unique among the requests a scheduler knows (the shards make them unique).
@@ -206,6 +208,9 @@ pub enum Output {
         /// The predicted prefix at admission (issue \[10\]): with prompt blocks (S16), whether
         /// `backend`'s prefix index held at least half of them; without, `affinity`.
         warm: bool,
+        /// Its session was derived from its prompt (issue \[10\]): it carried no identity and
+        /// extends a completed turn.
+        derived: bool,
     },
     /// Answer request `id` with the error for `reason`.
     Reject { id: RequestId, reason: RejectReason },
@@ -289,6 +294,9 @@ pub struct PrefixParams {
     pub slack_tokens: u64,
     /// How long a request may wait for its cheapest backend.
     pub wait_max: Tick,
+    /// Issue \[10\]: a request without identity continues the conversation its prompt extends
+    /// ([`derive`]).
+    pub derive_sessions: bool,
 }
 
 impl PrefixParams {
@@ -299,6 +307,7 @@ impl PrefixParams {
         scan_max: 64,
         slack_tokens: 2048,
         wait_max: 1000,
+        derive_sessions: true,
     };
 }
 
@@ -322,6 +331,10 @@ pub struct Stats {
     /// S16: follow-ups of tracked sessions not boosted because they are cold: no backend's
     /// prefix index holds at least half of their prompt's blocks.
     pub boost_declined: u64,
+    /// Issue \[10\]: arrivals without identity matched to a completed turn (a derived
+    /// session), and those that started a new derived session.
+    pub derived_matched: u64,
+    pub derived_fresh: u64,
     /// S16: requests a placement scan passed over to wait for their cheapest backend.
     pub placement_waits: u64,
     /// S16: admissions by the share of the prompt's blocks matched on the chosen backend, in
@@ -384,6 +397,9 @@ pub struct Scheduler {
     stats: Stats,
     /// S16 state, for `routing = "prefix-cost"` only.
     prefix: Option<placement::Prefix>,
+    /// Issue \[10\]: where conversations without identity ended, with `prefix` and
+    /// `derive_sessions` only.
+    derived: Option<DerivedSessions>,
     /// What it learned of the model and its backends (issue [8]).
     learned: Learned,
 }
@@ -402,12 +418,15 @@ impl Scheduler {
         let timers = holds_max + usize::from(params.backends) + 1;
         let prefix = (params.routing == Routing::PrefixCost)
             .then(|| placement::Prefix::new(&params, arena as u32));
+        let derived = (prefix.is_some() && params.prefix.derive_sessions)
+            .then(|| DerivedSessions::with_capacity(params.max_sessions as usize));
         let mut backends = vec![Backend::NEW; usize::from(params.backends)];
         for backend in &mut backends {
             backend.budget = initial_budget(params.prefill_tokens_per_backend);
         }
         Scheduler {
             prefix,
+            derived,
             learned: Learned::new(usize::from(params.backends), arena as usize),
             gates: Gates::of(&params),
             queue: Queue::with_capacity(arena as u32),
@@ -595,8 +614,15 @@ impl Scheduler {
             self.stats.rejected_full += 1;
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
+        let (session, identity) = match arrival.session {
+            Some(session) => (session, Identity::Client),
+            None => self.derive(id, arrival.prompt),
+        };
         // One lookup serves the boost decision (S1) and the session's backend (S7).
-        let last_turn = arrival.session.and_then(|session| self.tracker.lookup(session));
+        let last_turn = match identity {
+            Identity::None => None,
+            _ => self.tracker.lookup(session),
+        };
         let mut completion = last_turn.filter(|_| self.params.boost);
         if completion.is_some() && !self.warm(arrival.prompt) {
             // S16 refinement: a follow-up whose prefix no engine is predicted to hold has no
@@ -606,7 +632,7 @@ impl Scheduler {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let mut entry = Entry::new(id.0, arrival.session, seq, now);
+        let mut entry = Entry::with_identity(id.0, session, identity, seq, now);
         entry.prompt_bytes = arrival.prompt_bytes;
         entry.streaming = arrival.streaming;
         entry.boost_mark = self.boosted_admits;
@@ -706,15 +732,60 @@ impl Scheduler {
         let entry = *self.queue.get(index);
         self.learn_usage(now, &entry, usage);
         self.release_slot(index);
+        if success && matches!(entry.identity, Identity::Derived | Identity::Fresh) {
+            self.record_end(index, entry.session);
+        }
         self.drop_prompt(index);
         self.queue.release(index);
         if !success {
             return;
         }
         self.backends[usize::from(entry.backend)].consecutive_failures = 0;
-        if entry.has_session {
+        if entry.has_session() {
             self.tracker.complete(entry.session, now, entry.backend);
-            self.start_hold(now, entry.session, entry.backend);
+            // A fresh derived session is a lone request until a next turn proves otherwise:
+            // no slot is held for a follow-up that most such requests never have.
+            if entry.identity != Identity::Fresh {
+                self.start_hold(now, entry.session, entry.backend);
+            }
+        }
+    }
+
+    /// Issue \[10\]: the session of an arrival without identity, from its prompt's
+    /// conversation ends: the session of the newest earlier end that a completed turn left,
+    /// else a new session of its own when its prompt has a conversation end, else none
+    /// (derivation off, no prompt hashes, or a prompt with no conversation boundary).
+    fn derive(&mut self, id: RequestId, prompt: u32) -> (u64, Identity) {
+        let (Some(derived), Some(prefix)) = (&self.derived, &self.prefix) else {
+            return (0, Identity::None);
+        };
+        if prompt == NO_PROMPT {
+            return (0, Identity::None);
+        }
+        let ends = prefix.pool.ends(prompt);
+        if let Some(session) = ends.earlier().iter().find_map(|&end| derived.find(end)) {
+            self.stats.derived_matched += 1;
+            return (session, Identity::Derived);
+        }
+        match ends.whole() {
+            Some(_) => {
+                self.stats.derived_fresh += 1;
+                (DerivedSessions::new_session(id.0), Identity::Fresh)
+            }
+            None => (0, Identity::None),
+        }
+    }
+
+    /// Issue \[10\]: entry `index`'s turn of `session` completed: its whole prompt's end is
+    /// where the conversation's next turn will look for it.
+    fn record_end(&mut self, index: u32, session: u64) {
+        let (Some(derived), Some(prefix)) = (&mut self.derived, &self.prefix) else { return };
+        let slot = prefix.prompt_of[index as usize];
+        if slot == NO_PROMPT {
+            return;
+        }
+        if let Some(end) = prefix.pool.ends(slot).whole() {
+            derived.record(end, session);
         }
     }
 
@@ -935,6 +1006,7 @@ impl Scheduler {
         entry.prefill_pending = entry.streaming;
         let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
         let (turn, warm) = (entry.turn, predicted.unwrap_or(affinity));
+        let derived = entry.identity == Identity::Derived;
         let slot = index as usize;
         let state = &mut self.backends[usize::from(backend)];
         self.learned.admitted_at[slot] = now;
@@ -947,7 +1019,17 @@ impl Scheduler {
         }
         self.inflight += 1;
         self.stats.affinity_hits += u64::from(affinity);
-        out.push(Output::Admit { id: RequestId(id), backend, lane, waited, affinity, turn, warm });
+        let admit = Output::Admit {
+            id: RequestId(id),
+            backend,
+            lane,
+            waited,
+            affinity,
+            turn,
+            warm,
+            derived,
+        };
+        out.push(admit);
     }
 
     /// What a completed request's `usage` teaches: tokens per byte, and what the engine found

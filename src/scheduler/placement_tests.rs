@@ -324,3 +324,115 @@ fn without_prompt_blocks_warm_is_the_sessions_last_backend() {
     assert_eq!(h.turn(2, Some(9), &[]), vec![(2, 2, true)], "back on its last backend");
     assert_eq!(h.turn(3, None, &[]), vec![(3, 1, false)], "no session: no last backend");
 }
+
+// Derived sessions (issue [10]).
+
+/// A chat body of `messages` (role, content).
+fn chat(messages: &[(&str, &str)]) -> String {
+    let list: Vec<String> = messages
+        .iter()
+        .map(|(role, content)| format!(r#"{{"role":"{role}","content":"{content}"}}"#))
+        .collect();
+    format!(r#"{{"model":"m","messages":[{}]}}"#, list.join(","))
+}
+
+impl H {
+    /// Request `id` with the chat `messages` hashed as a shard does (blocks and conversation
+    /// ends): the (id, turn, derived, lane) of the admissions it makes.
+    fn chat(
+        &mut self,
+        id: u64,
+        session: Option<u64>,
+        messages: &[(&str, &str)],
+    ) -> Vec<(u64, u16, bool, Lane)> {
+        let body = chat(messages);
+        let pool = self.s.prompt_pool().expect("prefix-cost has a pool");
+        let prompt = pool.acquire().expect("a free slot");
+        let mut hasher = crate::protocol::PromptHasher::new(256);
+        pool.with_ends(prompt, |hashes, ends| {
+            hasher.hash_body(body.as_bytes(), hashes);
+            *ends = hasher.ends();
+        });
+        let prompt_bytes = body.len() as u32;
+        let arrival =
+            Arrival { id: RequestId(id), session, prompt_bytes, streaming: false, prompt };
+        let mut out = Vec::new();
+        self.s.handle(self.now, Input::Arrive(arrival), &mut out);
+        self.s.check_invariants();
+        out.iter()
+            .filter_map(|o| match *o {
+                Output::Admit { id, turn, derived, lane, .. } => Some((id.0, turn, derived, lane)),
+                Output::Reject { .. } => None,
+            })
+            .collect()
+    }
+}
+
+const SYSTEM: (&str, &str) = ("system", "You answer questions about caches, briefly.");
+
+#[test]
+fn a_conversation_without_identity_is_derived_turn_by_turn() {
+    let mut h = H::new(params(2, 8));
+    let turn1 = [SYSTEM, ("user", "What is a prefix cache?")];
+    assert_eq!(h.chat(1, None, &turn1), vec![(1, 1, false, Lane::Normal)]);
+    assert_eq!(h.s.sessions_active(), 0, "a lone request is no session yet");
+    h.complete(1);
+    let turn2 = [SYSTEM, turn1[1], ("assistant", "Keys and values kept."), ("user", "How long?")];
+    assert_eq!(h.chat(2, None, &turn2), vec![(2, 2, true, Lane::Boosted)]);
+    assert_eq!(h.s.sessions_active(), 1);
+    h.complete(2);
+    let mut turn3 = turn2.to_vec();
+    turn3.extend([("assistant", "Until evicted."), ("user", "By whom?")]);
+    assert_eq!(h.chat(3, None, &turn3), vec![(3, 3, true, Lane::Boosted)]);
+    h.complete(3);
+    // Another conversation with the same system prompt: a first turn, not merged.
+    let other = [SYSTEM, ("user", "What is a KV block?")];
+    assert_eq!(h.chat(4, None, &other), vec![(4, 1, false, Lane::Normal)]);
+    h.complete(4);
+    // A branch: two next turns of turn 3 both join its session, as turn 4.
+    let mut branch = turn3.clone();
+    branch.extend([("assistant", "The engine."), ("user", "Why?")]);
+    let mut other_branch = turn3.clone();
+    other_branch.extend([("assistant", "The scheduler."), ("user", "When?")]);
+    assert_eq!(h.chat(5, None, &branch), vec![(5, 4, true, Lane::Boosted)]);
+    assert_eq!(h.chat(6, None, &other_branch), vec![(6, 4, true, Lane::Boosted)]);
+    assert_eq!(h.s.sessions_active(), 1);
+    assert_eq!((h.s.stats().derived_matched, h.s.stats().derived_fresh), (4, 2));
+}
+
+#[test]
+fn derivation_needs_a_completed_turn_no_identity_and_the_key() {
+    let turn1 = [SYSTEM, ("user", "What is a prefix cache?")];
+    let turn2 = [SYSTEM, turn1[1], ("assistant", "Keys and values kept."), ("user", "How long?")];
+    // A failed turn leaves nothing to continue.
+    let mut h = H::new(params(1, 8));
+    h.chat(1, None, &turn1);
+    h.send(Input::Complete { id: RequestId(1), success: false, usage: Usage::NONE });
+    assert_eq!(h.chat(2, None, &turn2), vec![(2, 1, false, Lane::Normal)]);
+    // A client's identity wins over derivation.
+    h.complete(2);
+    assert_eq!(h.chat(3, Some(42), &turn2), vec![(3, 1, false, Lane::Normal)]);
+    // With `derive_sessions = false` nothing is derived.
+    let mut p = params(1, 8);
+    p.prefix.derive_sessions = false;
+    let mut h = H::new(p);
+    h.chat(1, None, &turn1);
+    h.complete(1);
+    assert_eq!(h.chat(2, None, &turn2), vec![(2, 1, false, Lane::Normal)]);
+    assert_eq!(h.s.stats().derived_fresh, 0);
+}
+
+#[test]
+fn a_lone_request_holds_no_grace_slot_a_derived_turn_does() {
+    let mut p = params(1, 8);
+    p.grace_period = 1 << 20;
+    let mut h = H::new(p);
+    let turn1 = [SYSTEM, ("user", "What is a prefix cache?")];
+    let turn2 = [SYSTEM, turn1[1], ("assistant", "Keys and values kept."), ("user", "How long?")];
+    h.chat(1, None, &turn1);
+    h.complete(1);
+    assert_eq!(h.s.stats().grace_holds, 0);
+    assert_eq!(h.chat(2, None, &turn2), vec![(2, 2, true, Lane::Boosted)]);
+    h.complete(2);
+    assert_eq!(h.s.stats().grace_holds, 1);
+}

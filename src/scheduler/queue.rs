@@ -47,11 +47,24 @@ pub(crate) enum Place {
     Admitted,
 }
 
+/// Where a request's session came from, as far as the scheduler goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// No session.
+    None,
+    /// An id the client sent (a header or a body field).
+    Client,
+    /// Derived (issue \[10\]): the prompt extends a completed turn of this session.
+    Derived,
+    /// A new derived session: no identity, a chat prompt no completed turn matched.
+    Fresh,
+}
+
 /// One request's payload, queued or admitted. 64 bytes: one cache line.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry {
     pub id: u64,
-    /// Session hash; meaningful only when `has_session`.
+    /// Session hash; meaningful only with an identity.
     pub session: u64,
     /// Arrival sequence number (S3 ties).
     pub seq: u64,
@@ -70,7 +83,7 @@ pub(crate) struct Entry {
     pub home: u16,
     pub place: Place,
     pub retries: u8,
-    pub has_session: bool,
+    pub identity: Identity,
     pub streaming: bool,
     /// Admitted, streaming, and no response body byte yet: counted in the prefill backlog.
     pub prefill_pending: bool,
@@ -97,23 +110,34 @@ impl Entry {
         home: NO_BACKEND,
         place: Place::Free,
         retries: 0,
-        has_session: false,
+        identity: Identity::None,
         streaming: false,
         prefill_pending: false,
         placement_waited: false,
         turn: 1,
     };
 
-    /// A fresh entry for an arriving request.
-    pub fn new(id: u64, session: Option<u64>, seq: u64, arrived_at: Tick) -> Entry {
-        Entry {
-            id,
-            session: session.unwrap_or(0),
-            has_session: session.is_some(),
-            seq,
-            arrived_at,
-            ..Entry::FREE
-        }
+    /// A fresh entry whose session (`session`, meaningless without an identity) came from
+    /// `identity`.
+    pub fn with_identity(
+        id: u64,
+        session: u64,
+        identity: Identity,
+        seq: u64,
+        arrived_at: Tick,
+    ) -> Entry {
+        Entry { id, session, identity, seq, arrived_at, ..Entry::FREE }
+    }
+
+    /// Whether the request belongs to a session.
+    pub fn has_session(&self) -> bool {
+        self.identity != Identity::None
+    }
+
+    /// Whether the request counts in `warmpath_sessions_active`: a session a client named or
+    /// one derived from an earlier turn (a fresh derived session is a lone request so far).
+    pub fn counts_as_session(&self) -> bool {
+        matches!(self.identity, Identity::Client | Identity::Derived)
     }
 }
 
@@ -435,7 +459,7 @@ impl Queue {
         let entries = &self.arena.entries;
         self.ids.insert_unique(hash_id(entry.id), index, |&i| hash_id(entries[i as usize].id));
         self.live += 1;
-        if entry.has_session {
+        if entry.counts_as_session() {
             self.sessions.add(entry.session);
         }
         index
@@ -467,7 +491,7 @@ impl Queue {
         let place = self.get(index).place;
         debug_assert!(!matches!(place, Place::Queued(_)), "releasing a queued entry");
         let entry = self.arena.entries[index as usize];
-        if entry.has_session {
+        if entry.counts_as_session() {
             self.sessions.remove(entry.session);
         }
         self.arena.entries[index as usize] = Entry::FREE;
@@ -596,7 +620,8 @@ impl Queue {
         }
         assert_eq!(free + self.live, self.capacity(), "free list + live != capacity");
         assert_eq!(self.ids.len() as u32, self.live, "id index size");
-        let with_session = entries.iter().filter(|e| e.place != Place::Free && e.has_session);
+        let with_session =
+            entries.iter().filter(|e| e.place != Place::Free && e.counts_as_session());
         let counted = self.sessions.live();
         assert_eq!(with_session.count() as u32, counted, "live entries by session");
         let sessions = &self.sessions;

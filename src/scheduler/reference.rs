@@ -933,6 +933,8 @@ impl Reference {
                 (self.learned[usize::from(backend)].budget, self.prefill(backend));
             self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;
         }
-        out.push(Output::Admit { id, backend, lane, waited, affinity, turn, warm });
+        // Derived sessions need conversation ends, which the harness's prompts never carry.
+        let derived = false;
+        out.push(Output::Admit { id, backend, lane, waited, affinity, turn, warm, derived });
     }
 }

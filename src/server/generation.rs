@@ -263,6 +263,7 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
             scan_max: queue.placement_scan_max,
             slack_tokens: queue.cost_slack_tokens,
             wait_max: rate.ticks(queue.affinity_wait_max),
+            derive_sessions: queue.derive_sessions,
         },
     }
 }

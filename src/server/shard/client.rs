@@ -595,10 +595,11 @@ impl Clients {
         if block == self.prompt_hasher.block_bytes() {
             // The scan hashed at this model's block size: its hashes go into the slot.
             let Some(slot) = pool.acquire() else { return NO_PROMPT };
-            let scratch = &self.prompt_scratch;
-            pool.with(slot, |hashes| {
+            let (scratch, found) = (&self.prompt_scratch, self.prompt_hasher.ends());
+            pool.with_ends(slot, |hashes, ends| {
                 hashes.clear();
                 hashes.extend_from_slice(scratch);
+                *ends = found;
             });
             return slot;
         }
@@ -625,8 +626,11 @@ impl Clients {
         ShardMetrics::set(&cx.metrics.buffered, self.buffered);
         let model = req.model;
         match output {
-            Output::Admit { backend, lane, waited, turn, warm, .. } => {
+            Output::Admit { backend, lane, waited, turn, warm, derived, .. } => {
                 let turn = turn_bucket(turn);
+                if derived {
+                    req.session = Session::Derived;
+                }
                 req.admission = Some(Admission { backend, lane, waited, turn, warm });
                 if let Some(m) = model {
                     let wait = cx.rate.duration(waited);
@@ -995,6 +999,9 @@ fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body:
     if hasher.block_bytes() != block {
         *hasher = PromptHasher::new(block);
     }
-    pool.with(slot, |hashes| hasher.hash_body(body, hashes));
+    pool.with_ends(slot, |hashes, ends| {
+        hasher.hash_body(body, hashes);
+        *ends = hasher.ends();
+    });
     slot
 }

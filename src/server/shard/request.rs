@@ -50,6 +50,8 @@ pub(super) enum Session {
     Header(Span),
     /// A body field: its string's contents, as sent, at `start..end` of [`Request::body`].
     Body { start: usize, end: usize },
+    /// None was sent; the scheduler matched the prompt to a completed turn (set at admission).
+    Derived,
 }
 
 impl Session {
@@ -59,6 +61,7 @@ impl Session {
             Session::None => "none",
             Session::Header(_) => "header",
             Session::Body { .. } => "body",
+            Session::Derived => "derived",
         }
     }
 }
@@ -151,7 +154,7 @@ impl Request {
     /// The session id's bytes, from whichever source gave them.
     pub(super) fn session_value<'a>(&'a self, rbuf: &'a [u8]) -> Option<&'a [u8]> {
         match self.session {
-            Session::None => None,
+            Session::None | Session::Derived => None,
             Session::Header(span) => Some(span.get(rbuf)),
             Session::Body { start, end } => Some(&self.body(rbuf)[start..end]),
         }

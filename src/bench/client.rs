@@ -326,14 +326,16 @@ impl Driver<'_> {
         let mut body = Vec::with_capacity(4096);
         let o = self.options;
         self.workload.write_body(s as usize, t as usize, &o.model, o.ignore_eos, &mut body);
-        let session = &self.workload.sessions[s as usize].id;
+        let session = match o.anonymous {
+            true => String::new(),
+            false => format!("{}: {}\r\n", o.session_header, self.workload.sessions[s as usize].id),
+        };
         let mut request = format!(
             "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Accept: text/event-stream\r\nUser-Agent: warmpath-bench\r\n{}: {session}\r\n\
+             Accept: text/event-stream\r\nUser-Agent: warmpath-bench\r\n{session}\
              Content-Length: {}\r\n\r\n",
             self.target.path,
             self.target.host,
-            o.session_header,
             body.len()
         )
         .into_bytes();

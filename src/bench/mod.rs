@@ -155,6 +155,10 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Send no session identity (no session header): the router must derive sessions from the
+    /// prompts (issue [10], `derive_sessions`), as it must for clients that send none.
+    #[arg(long)]
+    pub anonymous: bool,
 }
 
 /// How [`run_workload`] sends and what it scrapes.
@@ -179,6 +183,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Add `"ignore_eos": true` to requests.
     pub ignore_eos: bool,
+    /// Send no session header.
+    pub anonymous: bool,
 }
 
 impl Default for RunOptions {
@@ -193,6 +199,7 @@ impl Default for RunOptions {
             engine_metrics: Vec::new(),
             progress: false,
             ignore_eos: false,
+            anonymous: false,
         }
     }
 }
@@ -361,6 +368,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         engine_metrics: args.engine_metrics.clone(),
         progress: !args.no_progress,
         ignore_eos: args.ignore_eos,
+        anonymous: args.anonymous,
     };
     let result = match run_workload(&args.target, &workload, &options) {
         Ok(r) => r,

@@ -178,14 +178,17 @@ impl Workload {
                 let params = self.synthetic.as_ref().expect("a synthetic prompt needs parameters");
                 params.messages(s.seed, *turn)
             }
-            Prompt::Blocks { ids, last_words } => {
-                let mut content = String::new();
-                for (i, id) in ids.iter().enumerate() {
-                    let n = if i + 1 == ids.len() { *last_words } else { BLOCK_WORDS };
-                    words(stream(TAG_BLOCK, *id), n, &mut content);
+            Prompt::Blocks { ids, last_words } => match s.turns[turn].after {
+                Some(parent) => self.follow_up_messages(session, turn, parent as usize),
+                None => {
+                    let mut content = String::new();
+                    for (i, id) in ids.iter().enumerate() {
+                        let n = if i + 1 == ids.len() { *last_words } else { BLOCK_WORDS };
+                        words(stream(TAG_BLOCK, *id), n, &mut content);
+                    }
+                    vec![Message { role: "user", content }]
                 }
-                vec![Message { role: "user", content }]
-            }
+            },
             Prompt::Chunks { system, user } => {
                 let render = |chunks: &[(u64, u32)]| {
                     let mut content = String::new();
@@ -202,6 +205,36 @@ impl Workload {
                 out
             }
         }
+    }
+
+    /// A Mooncake follow-up as a chat client sends it: its parent turn's messages as they were
+    /// sent, then one user message with the rest of its words (its blocks from the parent's
+    /// last, partial one on), so that its text extends the parent's whole text as a next turn
+    /// does, and its word count is still the trace's `input_length`.
+    fn follow_up_messages(&self, session: usize, turn: usize, parent: usize) -> Vec<Message> {
+        let mut out = self.messages(session, parent);
+        let new_words = self
+            .prompt_words(session, turn)
+            .saturating_sub(self.prompt_words(session, parent))
+            .max(1);
+        let turns = &self.sessions[session].turns;
+        let (Prompt::Blocks { ids, .. }, Prompt::Blocks { ids: parent_ids, .. }) =
+            (&turns[turn].prompt, &turns[parent].prompt)
+        else {
+            unreachable!("a Mooncake turn's parent is a Mooncake turn");
+        };
+        let mut content = String::new();
+        let mut left = new_words;
+        for id in &ids[parent_ids.len().saturating_sub(1).min(ids.len() - 1)..] {
+            let n = left.min(u64::from(BLOCK_WORDS)) as u32;
+            words(stream(TAG_BLOCK, *id), n, &mut content);
+            left -= u64::from(n);
+            if left == 0 {
+                break;
+            }
+        }
+        out.push(Message { role: "user", content });
+        out
     }
 
     /// The JSON body of a streaming chat completion for turn `turn` of session `session`,

@@ -24,6 +24,8 @@
 #                    replicas together allow the engines the prefill backlog one replica allows
 #   wp-auto          warmpath with no queue or routing key set (issue [8]: what it learns)
 #   wp-auto-x2       two wp-auto replicas behind HAProxy hashing on X-Session-ID
+#   NAME-anon        any warmpath target above, replayed with `bench --anonymous`: no session
+#                    header, so sessions are only what the router derives (issue [10])
 #   st-pc-N, st-sa-N a static configuration: session-boost, prefix-cost (pc) or
 #                    session-affinity (sa), prefill_tokens_per_backend = N, prefix index 8,192
 # PROFILE1, PROFILE2 (default h100-8b): the engines' `warmpath sim --profile`. LOAD_MODE=profile
@@ -275,6 +277,7 @@ start_target() { # TARGET
       start_warmpath wp-auto "$REP2" "$ADMIN2" replica2
       start_haproxy 0 /healthz "r1=$REP1" "r2=$REP2"
       ;;
+    *-anon) start_target "${1%-anon}" ;;
     *) start_warmpath "$1" "$FRONT" "$ADMIN" router ;;
   esac
 }
@@ -298,7 +301,9 @@ one_run() { # TRACE TARGET LOAD ROUND
   start_sims "$SIM1" "$SIM2" "$TMP"
   start_target "$target"
   sleep 0.3 # a first scrape
-  replay_trace "$FRONT" "$trace" "$load" "$label" "$SIM1" "$SIM2"
+  local bench_extra=${BENCH_EXTRA:-}
+  [[ $target == *-anon ]] && bench_extra+=" --anonymous"
+  BENCH_EXTRA=$bench_extra replay_trace "$FRONT" "$trace" "$load" "$label" "$SIM1" "$SIM2"
   [[ $target == sgl-* ]] && check_unsafe
   save_target_metrics "$target" "$label"
   save_sim_metrics "$label" "$SIM1" "$SIM2"

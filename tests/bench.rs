@@ -210,6 +210,36 @@ fn synthetic_sessions_keep_order_and_think_times() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
+/// `--anonymous` (issue [10]): the same turns, in the same order, with no session header, so a
+/// router can only tell a conversation by its prompt.
+#[test]
+fn anonymous_runs_send_no_session_header() {
+    let fake = Fake::start();
+    let params = MultiTurn {
+        rate: 40.0,
+        duration: Duration::from_millis(200),
+        turns: 2,
+        system_words: 20,
+        context_words: 30,
+        new_words: 5,
+        answer_tokens: 4,
+        think_mean: Duration::from_millis(5),
+        seed: 11,
+    };
+    let workload = params.workload();
+    let mut opts = options("anonymous");
+    opts.anonymous = true;
+    let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");
+    assert_eq!(result.all.ok as usize, workload.requests(), "errors: {:?}", result.errors);
+    assert_eq!(result.follow_ups.requests as usize, workload.follow_ups());
+    let seen = fake.seen();
+    assert_eq!(seen.len(), workload.requests());
+    assert!(seen.iter().all(|s| s.session.is_empty()), "a session header was sent");
+    // Each session's second turn still resends its first (2 + 2k messages at turn k).
+    let second_turns = seen.iter().filter(|s| s.messages == 4).count();
+    assert_eq!(second_turns, workload.follow_ups());
+}
+
 fn blocks_turn(at_ms: u64, after: Option<u32>, ids: Vec<u64>) -> Turn {
     Turn {
         at: Duration::from_millis(at_ms),

@@ -436,3 +436,140 @@ fn a_lone_request_holds_no_grace_slot_a_derived_turn_does() {
     h.complete(2);
     assert_eq!(h.s.stats().grace_holds, 1);
 }
+
+/// The end hash of the whole text of `messages` as a shard hashes it (`protocol::prompt`).
+fn whole_end(messages: &[(String, String)]) -> u64 {
+    let pairs: Vec<(&str, &str)> = messages.iter().map(|(r, t)| (r.as_str(), t.as_str())).collect();
+    let mut hasher = crate::protocol::PromptHasher::new(256);
+    hasher.hash_body(chat(&pairs).as_bytes(), &mut Vec::new());
+    hasher.ends().whole().expect("a chat prompt ends a message")
+}
+
+/// The derivation restated on message lists (issue \[10\]). `completed` is every prompt a
+/// successful turn ended with, as the table of conversation ends would hold it: two-way
+/// buckets of the newest ends, by the low bits of the end hash (`buckets` of them). The
+/// boundaries are those `protocol::prompt` names: after each message once one that is not
+/// `system` or `developer` was seen, the last `ENDS` of them; the prompt's own end is not a
+/// candidate, the newest earlier one still held is.
+#[derive(Default)]
+struct Conversations {
+    /// Bucket → its (end, session label) pairs, newest first.
+    buckets: std::collections::HashMap<usize, Vec<(u64, u32)>>,
+    mask: usize,
+}
+
+impl Conversations {
+    fn new(max_sessions: usize) -> Conversations {
+        let buckets = (max_sessions * 2).next_power_of_two().max(64) / 2;
+        Conversations { buckets: Default::default(), mask: buckets - 1 }
+    }
+
+    fn find(&self, messages: &[(String, String)]) -> Option<u32> {
+        let first =
+            messages.iter().position(|(role, _)| role != "system" && role != "developer")?;
+        let ends = crate::protocol::prompt::ENDS;
+        let boundaries = (first + 1..messages.len()).rev().take(ends - 1);
+        boundaries.into_iter().find_map(|k| {
+            let end = whole_end(&messages[..k]);
+            let bucket = self.buckets.get(&(end as usize & self.mask))?;
+            bucket.iter().find(|(held, _)| *held == end).map(|&(_, label)| label)
+        })
+    }
+
+    fn record(&mut self, messages: &[(String, String)], label: u32) {
+        let end = whole_end(messages);
+        let bucket = self.buckets.entry(end as usize & self.mask).or_default();
+        bucket.retain(|(held, _)| *held != end);
+        bucket.insert(0, (end, label));
+        bucket.truncate(2);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Conversations without identity, some sharing a system prompt or their whole first
+    /// prompt, take turns in a random order, some turns failing: every turn is derived exactly
+    /// when the restatement finds a completed turn it extends, and then it continues that
+    /// turn's session (its depth is that session's completed turns plus one). So a follow-up
+    /// is found, a shared system prompt merges nothing, and a failed turn's successor
+    /// continues the turn before it.
+    #[test]
+    fn derivation_matches_its_restatement(
+        firsts in proptest::collection::vec((0u8..3, 0u8..4, 0usize..40), 1..6),
+        steps in proptest::collection::vec((0usize..6, 0u8..5, 0u8..3), 1..40),
+    ) {
+        check_derivation(&firsts, &steps)?;
+    }
+}
+
+/// [`derivation_matches_its_restatement`]'s case: conversation `c` starts with an optional
+/// system prompt (`system` < 2 names a shared one), a first user message whose content id may
+/// repeat across conversations and `words` more words; each step sends conversation `c`'s next
+/// turn (after the first, `added` messages of the answer, 0 to 2, and a user message) and fails it when
+/// `fail` is 0.
+fn check_derivation(
+    firsts: &[(u8, u8, usize)],
+    steps: &[(usize, u8, u8)],
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut h = H::new(params(2, 64));
+    // Each conversation: an optional shared system prompt, a first user message (content
+    // ids may repeat across conversations: identical first prompts), then its turns.
+    let mut conversations: Vec<Vec<(String, String)>> = firsts
+        .iter()
+        .map(|&(system, content, words)| {
+            let mut m = Vec::new();
+            if system < 2 {
+                m.push((
+                    "system".to_owned(),
+                    format!("You are helper {system}. {}", "word ".repeat(60)),
+                ));
+            }
+            m.push(("user".to_owned(), format!("question {content} {}", "more ".repeat(words))));
+            m
+        })
+        .collect();
+    let mut started = vec![false; conversations.len()];
+    let mut completed = Conversations::new(100); // `params`' max_sessions
+    let mut sessions: Vec<u32> = Vec::new(); // completed turns per session label
+    for (id, &(c, fail, added)) in (1u64..).zip(steps) {
+        let c = c % conversations.len();
+        if started[c] {
+            for k in 0..added {
+                let role = if k == 0 { "assistant" } else { "tool" };
+                conversations[c].push((role.to_owned(), format!("answer {id}.{k}")));
+            }
+            conversations[c].push(("user".to_owned(), format!("follow-up {id}")));
+        }
+        started[c] = true;
+        let messages = conversations[c].clone();
+        let expected = completed.find(&messages);
+        let as_pairs: Vec<(&str, &str)> =
+            messages.iter().map(|(r, t)| (r.as_str(), t.as_str())).collect();
+        let admitted = h.chat(id, None, &as_pairs);
+        proptest::prop_assert_eq!(admitted.len(), 1, "admitted at once");
+        let (_, turn, derived, _) = admitted[0];
+        proptest::prop_assert_eq!(derived, expected.is_some(), "step {}: {:?}", id, messages);
+        let label = match expected {
+            Some(label) => label,
+            None => {
+                sessions.push(0);
+                sessions.len() as u32 - 1
+            }
+        };
+        proptest::prop_assert_eq!(
+            u32::from(turn),
+            sessions[label as usize] + 1,
+            "depth at step {}",
+            id
+        );
+        if fail == 0 {
+            h.send(Input::Complete { id: RequestId(id), success: false, usage: Usage::NONE });
+        } else {
+            h.complete(id);
+            sessions[label as usize] += 1;
+            completed.record(&messages, label);
+        }
+    }
+    Ok(())
+}

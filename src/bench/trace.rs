@@ -558,4 +558,30 @@ mod tests {
         assert!(read_ragpulse(&path).is_err());
         fs::remove_dir_all(&dir).expect("cleanup");
     }
+
+    /// What `bench --anonymous` relies on (issue [10]): every Mooncake follow-up, as sent,
+    /// holds among its conversation ends the end of its parent's whole prompt, so a router
+    /// that derives sessions can find every one.
+    #[test]
+    fn every_mooncake_follow_up_holds_its_parents_end() {
+        let rows = read_mooncake(&trace(MOONCAKE_FILE)).expect("reads");
+        let w = mooncake(&rows, 1.0);
+        let ends = |s: usize, t: usize| {
+            let mut body = Vec::new();
+            w.write_body(s, t, "m", false, &mut body);
+            let mut hasher = crate::protocol::PromptHasher::new(256);
+            hasher.hash_body(&body, &mut Vec::new());
+            hasher.ends()
+        };
+        let mut follow_ups = 0;
+        for (s, session) in w.sessions.iter().enumerate() {
+            for (t, turn) in session.turns.iter().enumerate() {
+                let Some(parent) = turn.after else { continue };
+                let parent_end = ends(s, parent as usize).whole().expect("a chat prompt's end");
+                assert!(ends(s, t).earlier().contains(&parent_end), "session {s} turn {t}");
+                follow_ups += 1;
+            }
+        }
+        assert_eq!(follow_ups, 1060);
+    }
 }

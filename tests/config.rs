@@ -557,7 +557,10 @@ fn tenants_rate_limits_and_the_admin_token_load() {
     let tenant = &config.tenants[0];
     assert_eq!(tenant.name, "search-team");
     assert_eq!(tenant.api_key_sha256, vec![digest(KEY_A)]);
-    assert_eq!((tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute), (3, 90_000, 600));
+    assert_eq!(
+        (tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute),
+        (3, 90_000, 600)
+    );
     let text = config.to_toml();
     assert!(text.contains(&format!("admin_token_sha256 = \"{KEY_A}\"")), "lowercase: {text}");
     assert_eq!(Config::from_toml_str(&text).unwrap(), config, "{text}");
@@ -566,9 +569,8 @@ fn tenants_rate_limits_and_the_admin_token_load() {
     assert!(defaults.tenants.is_empty() && defaults.server.admin_token_sha256.is_none());
     assert_eq!(defaults.rate_limit.store, RateLimitStore::Local);
     assert_eq!(defaults.rate_limit.redis_url, "redis://127.0.0.1:6379");
-    let minimal = format!(
-        "[[tenant]]\nname = \"t\"\napi_key_sha256 = [\"{KEY_A}\", \"{KEY_B}\"]\n{MINIMAL}"
-    );
+    let minimal =
+        format!("[[tenant]]\nname = \"t\"\napi_key_sha256 = [\"{KEY_A}\", \"{KEY_B}\"]\n{MINIMAL}");
     let config = Config::from_toml_str(&minimal).unwrap();
     let tenant = &config.tenants[0];
     assert_eq!((tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute), (1, 0, 0));

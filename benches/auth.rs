@@ -13,13 +13,15 @@
 //! - the parts: `sha256` of one token, `lookup` of a digest (binary search and the 32-byte
 //!   constant-time comparison);
 //! - baseline `linear_ct_scan`: the obvious alternative to the table, comparing the digest with
-//!   all 300 in constant time.
+//!   all 300 in constant time; and `subtle_bytes_eq`, one comparison as `subtle` makes it on
+//!   32-byte slices, against `digests_equal`, which compares 8-byte words.
 //!
 //! Tokens come from a seeded splitmix64 sequence, so runs are comparable; each iteration takes
 //! the next of 1,024 pregenerated heads so that one cached digest is not measured.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
+use subtle::ConstantTimeEq;
 use warmpath::credential::{authorize, base64url, digest, digests_equal, Digest, KeyTable};
 use warmpath::protocol::{parse_request_head, Limits, RequestHead};
 use warmpath::splitmix::SplitMix64;
@@ -104,6 +106,21 @@ fn parts(c: &mut Criterion) {
         b.iter(|| {
             i += 1;
             black_box(keys.find(black_box(&digests[i % digests.len()])))
+        });
+    });
+    group.bench_function("digests_equal", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            black_box(digests_equal(black_box(&digests[i % 300]), black_box(&digests[0])))
+        });
+    });
+    group.bench_function("subtle_bytes_eq", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            let (a, z) = (black_box(&digests[i % 300]), black_box(&digests[0]));
+            black_box(bool::from(a[..].ct_eq(&z[..])))
         });
     });
     group.bench_function("linear_ct_scan", |b| {

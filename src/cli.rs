@@ -5,7 +5,9 @@
 //! - `warmpath sim [...]` runs a simulated vLLM engine (`crate::sim`);
 //! - `warmpath bench --target URL [...]` drives a workload and reports (`crate::bench`);
 //! - `warmpath check-config FILE [--set KEY=VALUE]...` loads FILE with the process environment
-//!   and the overrides applied, validates it, and prints the effective configuration.
+//!   and the overrides applied, validates it, and prints the effective configuration;
+//! - `warmpath keygen` prints a new random API key or admin token and the configuration line
+//!   with its digest (issue [11]; `crate::credential`).
 //!
 //! Exit codes: 0 on success; 2 on a usage error (clap's convention) or an invalid
 //! configuration, with `error: <message>` on standard error; 1 if standard output fails or the
@@ -51,6 +53,19 @@ pub enum Command {
     /// Validate a configuration file (with the environment and --set applied) and print the
     /// effective configuration.
     CheckConfig(CheckConfigArgs),
+    /// Print a new random API key (or admin token) and the configuration line with its
+    /// SHA-256 digest: give the key to its tenant, put the line in its [[tenant]] (or, with
+    /// --admin, in [server]).
+    Keygen(KeygenArgs),
+}
+
+/// Arguments of `keygen`.
+#[derive(Debug, clap::Args)]
+pub struct KeygenArgs {
+    /// Print the line for `[server] admin_token_sha256` rather than a tenant's
+    /// `api_key_sha256`.
+    #[arg(long)]
+    pub admin: bool,
 }
 
 /// Arguments of `check-config`.
@@ -107,6 +122,32 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Command::Demo(args) => crate::demo::run(&args),
         Command::Bench(args) => crate::bench::run(&args),
         Command::CheckConfig(args) => check_config(&args),
+        Command::Keygen(args) => keygen(&args),
+    }
+}
+
+/// `warmpath keygen`: the token on the first line (the only time it is shown), then the TOML
+/// line holding its digest.
+fn keygen(args: &KeygenArgs) -> ExitCode {
+    let token = match crate::credential::new_token() {
+        Ok(token) => token,
+        Err(error) => {
+            eprintln!("error: reading the operating system's random source: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let digest = crate::credential::hex(&crate::credential::digest(token.as_bytes()));
+    let line = match args.admin {
+        true => format!("admin_token_sha256 = \"{digest}\"   # in [server]"),
+        false => format!("api_key_sha256 = [\"{digest}\"]   # in the tenant's [[tenant]]"),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{token}\n{line}").and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: writing the token to standard output: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

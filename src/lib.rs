@@ -9,6 +9,8 @@
 //! - [`clock`]: the one place that reads time (TSC ticks through quanta) and a simulated clock.
 //! - [`config`]: the configuration of SPEC section 4: file, environment, flags, validation and
 //!   printing.
+//! - [`credential`]: API keys and the admin token: SHA-256 digests, the constant-time lookup
+//!   of a tenant by digest, `Authorization: Bearer` and `Basic`, new random tokens.
 //! - [`control`]: the control thread: every backend's health checks and metric scrapes at once
 //!   on non-blocking sockets, their sans-IO HTTP reader and Prometheus parser, and the
 //!   snapshots it sends the schedulers.
@@ -34,14 +36,15 @@
 //! Layers point one way (ARCHITECTURE.md, "Layers"): [`cli`] on top; the tools ([`demo`] over
 //! [`bench`](mod@bench) and [`sim`], and [`fleet`]) below it; the dataplane ([`server`] over
 //! [`control`]); [`config`]; the [`scheduler`]; and at the bottom [`protocol`], [`ring`],
-//! [`wheel`], [`clock`], [`signals`] and [`splitmix`], which use nothing of the crate.
-//! `tests/layers.rs` fails on a cycle.
+//! [`wheel`], [`clock`], [`credential`], [`signals`] and [`splitmix`], which use nothing of
+//! the crate. `tests/layers.rs` fails on a cycle.
 
 pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod credential;
 pub mod demo;
 pub mod fleet;
 pub mod protocol;

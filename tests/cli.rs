@@ -125,3 +125,55 @@ fn check_config_reports_a_bad_environment_variable() {
         "{message}"
     );
 }
+
+/// `warmpath keygen`: a `wp_` token of 32 random bytes in base64url, then the TOML line with
+/// its SHA-256; `--admin` prints the `[server]` line. Two calls never print the same token.
+#[test]
+fn keygen_prints_a_new_token_and_its_digest_line() {
+    use sha2::{Digest, Sha256};
+    let mut tokens = Vec::new();
+    for args in [&["keygen"][..], &["keygen"], &["keygen", "--admin"]] {
+        let output = warmpath(args);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(stderr(&output).is_empty(), "{}", stderr(&output));
+        let text = stdout(&output);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let token = lines[0];
+        let random = token.strip_prefix("wp_").unwrap_or_else(|| panic!("no wp_ prefix: {token}"));
+        assert_eq!(random.len(), 43, "32 bytes in base64url without padding: {token}");
+        let base64url = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+        assert!(random.bytes().all(base64url), "{token}");
+        let digest: String =
+            Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let key = if args.len() == 2 { "admin_token_sha256 = \"" } else { "api_key_sha256 = [\"" };
+        assert!(lines[1].starts_with(&format!("{key}{digest}\"")), "{}", lines[1]);
+        tokens.push(token.to_owned());
+    }
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "every call prints a new token");
+}
+
+/// The line `keygen` prints is a configuration line: pasted into a `[[tenant]]`, it loads, and
+/// `check-config` prints the digest back, never a token.
+#[test]
+fn keygen_lines_load_and_check_config_prints_digests_only() {
+    let output = warmpath(&["keygen"]);
+    let text = stdout(&output);
+    let (token, line) = text.split_once('\n').unwrap();
+    let line = line.split('#').next().unwrap().trim();
+    let config = format!(
+        "[[tenant]]\nname = \"search-team\"\n{line}\nweight = 3\n\n[[model]]\nname = \"m\"\n\
+         backends = [\"127.0.0.1:8001\"]\n"
+    );
+    let path = write_temp("tenant.toml", &config);
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let printed = stdout(&output);
+    assert!(printed.contains("[[tenant]]\nname = \"search-team\"\n"), "{printed}");
+    assert!(printed.contains(line), "{printed}");
+    assert!(!printed.contains(token), "a token never appears in the printed configuration");
+    assert!(printed.contains("weight = 3\ntokens_per_minute = 0\nrequests_per_minute = 0\n"));
+    assert!(printed.contains("[rate_limit]\nstore = \"local\"\n"), "{printed}");
+}

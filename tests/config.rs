@@ -460,7 +460,7 @@ fn printed_config_round_trips() {
 fn docs_describe_every_key_and_variable() {
     let docs_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
     let docs = std::fs::read_to_string(docs_path).unwrap();
-    let mut config = Config::from_toml_str(MINIMAL).unwrap();
+    let mut config = Config::from_toml_str(&format!("{TENANT}{MINIMAL}")).unwrap();
     config.models[0].upstream_model = Some("x".to_owned());
     for line in config.to_toml().lines() {
         if let Some((key, _)) = line.split_once(" = ") {
@@ -520,4 +520,129 @@ fn session_sources_default_set_and_refused() {
         message,
         "queue.session_sources = [\"body:a\", 3]: expected strings, found an integer"
     );
+}
+
+/// SHA-256("key-a") and SHA-256("key-b"), for the tenant tests.
+const KEY_A: &str = "f10f781241e2246678b6b45c857069208152a53863e47fac33f607ab405006f4";
+const KEY_B: &str = "a30534a53b23547377ddccbd1ac85a8a84c13db43493c16e55a6abc7b0eba634";
+
+const TENANT: &str = r#"
+[server]
+admin_token_sha256 = "F10F781241E2246678B6B45C857069208152A53863E47FAC33F607AB405006F4"
+
+[rate_limit]
+store = "redis"
+redis_url = "redis://cache.internal:6380/2"
+
+[[tenant]]
+name = "search-team"
+api_key_sha256 = ["f10f781241e2246678b6b45c857069208152a53863e47fac33f607ab405006f4"]
+weight = 3
+tokens_per_minute = 90000
+requests_per_minute = 600
+"#;
+
+/// Issue [11]'s keys (SPEC 10): tenants with their digests (either case, normalised), weights
+/// and limits, the admin digest, the rate-limit store; defaults; the printed round trip.
+#[test]
+fn tenants_rate_limits_and_the_admin_token_load() {
+    use warmpath::config::RateLimitStore;
+    let config = Config::from_toml_str(&format!("{TENANT}{MINIMAL}")).unwrap();
+    let digest = |hex: &str| -> [u8; 32] {
+        std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+    };
+    assert_eq!(config.server.admin_token_sha256, Some(digest(KEY_A)));
+    assert_eq!(config.rate_limit.store, RateLimitStore::Redis);
+    assert_eq!(config.rate_limit.redis_url, "redis://cache.internal:6380/2");
+    let tenant = &config.tenants[0];
+    assert_eq!(tenant.name, "search-team");
+    assert_eq!(tenant.api_key_sha256, vec![digest(KEY_A)]);
+    assert_eq!(
+        (tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute),
+        (3, 90_000, 600)
+    );
+    let text = config.to_toml();
+    assert!(text.contains(&format!("admin_token_sha256 = \"{KEY_A}\"")), "lowercase: {text}");
+    assert_eq!(Config::from_toml_str(&text).unwrap(), config, "{text}");
+
+    let defaults = Config::from_toml_str(MINIMAL).unwrap();
+    assert!(defaults.tenants.is_empty() && defaults.server.admin_token_sha256.is_none());
+    assert_eq!(defaults.rate_limit.store, RateLimitStore::Local);
+    assert_eq!(defaults.rate_limit.redis_url, "redis://127.0.0.1:6379");
+    let minimal =
+        format!("[[tenant]]\nname = \"t\"\napi_key_sha256 = [\"{KEY_A}\", \"{KEY_B}\"]\n{MINIMAL}");
+    let config = Config::from_toml_str(&minimal).unwrap();
+    let tenant = &config.tenants[0];
+    assert_eq!((tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute), (1, 0, 0));
+    assert_eq!(tenant.api_key_sha256.len(), 2);
+    let set = sets(&[("rate_limit.store", "redis"), ("server.admin_token_sha256", KEY_B)]);
+    let path = write_temp("tenant.toml", &minimal);
+    let config = Config::load(Some(&path), &no_env, &set).unwrap();
+    assert_eq!(config.rate_limit.store, RateLimitStore::Redis);
+    assert_eq!(config.server.admin_token_sha256, Some(digest(KEY_B)));
+}
+
+#[test]
+fn tenant_tables_refuse_what_they_should_and_name_it() {
+    let tenant = |body: &str| format!("[[tenant]]\n{body}\n{MINIMAL}");
+    let cases = [
+        (tenant("api_key_sha256 = []"), "tenant #1: missing key \"name\""),
+        (tenant("name = \"t\""), "tenant \"t\": missing key \"api_key_sha256\""),
+        (
+            tenant("name = \"t\"\napi_key_sha256 = []"),
+            "tenant \"t\": api_key_sha256 = []: must list at least one digest",
+        ),
+        (
+            tenant("name = \"t\"\napi_key_sha256 = [\"wp_abc\"]"),
+            "tenant \"t\": api_key_sha256 = [\"wp_abc\"]: entry 0: expected 64 hex digits, found 6 \
+             characters (the SHA-256 of the token, never the token",
+        ),
+        (
+            tenant(&format!("name = \"t\"\napi_key_sha256 = [\"{KEY_A}\"]\nweigth = 2")),
+            "tenant \"t\": unknown key \"weigth\" (did you mean \"weight\"?)",
+        ),
+        (
+            tenant(&format!("name = \"t\"\napi_key_sha256 = [\"{KEY_A}\"]\nweight = 0")),
+            "tenant \"t\": weight = 0: must be at least 1",
+        ),
+        (
+            tenant(&format!("name = \"t t\"\napi_key_sha256 = [\"{KEY_A}\"]")),
+            "tenant \"t t\": name = \"t t\": only ASCII letters, digits",
+        ),
+        (
+            tenant(&format!("name = \"t\"\napi_key_sha256 = \"{KEY_A}\"")),
+            "tenant \"t\": api_key_sha256 = ",
+        ),
+        (format!("[tenant]\nname = \"t\"\n{MINIMAL}"), "tenant must be an array of tables"),
+        (format!("[rate_limit]\nstore = \"memcached\"\n{MINIMAL}"), "rate_limit.store = \"memcached\": expected one of local, redis"),
+        (format!("[rate_limit]\nredis = \"x\"\n{MINIMAL}"), "unknown key \"rate_limit.redis\""),
+        (
+            format!("[rate_limit]\nredis_url = \"http://h\"\n{MINIMAL}"),
+            "rate_limit.redis_url = \"http://h\": expected a redis:// URL",
+        ),
+        (format!("[server]\nadmin_token_sha256 = \"secret\"\n{MINIMAL}"), "server.admin_token_sha256 = \"secret\": expected 64 hex digits"),
+        (format!("tenants = []\n{MINIMAL}"), "unknown key \"tenants\" (did you mean \"tenant\"?)"),
+    ];
+    for (text, expected) in cases {
+        let message = error_of(&text);
+        assert!(message.starts_with(expected), "expected {expected:?}, got {message:?}");
+    }
+    let twice = format!(
+        "[[tenant]]\nname = \"a\"\napi_key_sha256 = [\"{KEY_B}\", \"{KEY_A}\"]\n\
+         [[tenant]]\nname = \"b\"\napi_key_sha256 = [\"{}\"]\n{MINIMAL}",
+        KEY_A.to_ascii_uppercase()
+    );
+    assert_eq!(
+        error_of(&twice),
+        format!(
+            "tenant \"b\": api_key_sha256[0] = \"{KEY_A}\": the same digest as tenant \"a\"'s \
+             api_key_sha256[1]: a key names one tenant"
+        ),
+        "digests compare case-insensitively"
+    );
+    let same_name = format!(
+        "[[tenant]]\nname = \"a\"\napi_key_sha256 = [\"{KEY_A}\"]\n\
+         [[tenant]]\nname = \"a\"\napi_key_sha256 = [\"{KEY_B}\"]\n{MINIMAL}"
+    );
+    assert_eq!(error_of(&same_name), "tenant #2: name = \"a\": the same name as tenant #1");
 }

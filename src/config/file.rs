@@ -2,8 +2,8 @@
 //! (`keys.rs`). Any key the setters do not know is an error that names it, wherever it
 //! is. The result is not validated yet.
 
-use super::keys::{unknown_key, Raw, SetError};
-use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
+use super::keys::{unknown_key, Raw, SetError, SECTIONS};
+use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig, TenantConfig};
 
 /// Parses a whole document into a configuration (defaults for absent keys, not validated).
 pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -13,7 +13,7 @@ pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
     })?;
     let mut config = Config::with_models(Vec::new());
     for key in document.keys() {
-        if !["server", "queue", "upstream", "model"].contains(&key.as_str()) {
+        if !SECTIONS.contains(&key.as_str()) {
             return Err(unknown_key("", key));
         }
     }
@@ -25,6 +25,20 @@ pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
     }
     if let Some(value) = document.get("upstream") {
         apply(section(value, "upstream")?, "upstream", "", |k, raw| config.upstream.set(k, raw))?;
+    }
+    if let Some(value) = document.get("rate_limit") {
+        let table = section(value, "rate_limit")?;
+        apply(table, "rate_limit", "", |k, raw| config.rate_limit.set(k, raw))?;
+    }
+    if let Some(value) = document.get("tenant") {
+        let toml::Value::Array(items) = value else {
+            return Err(syntax(
+                "tenant must be an array of tables: write [[tenant]], not [tenant]",
+            ));
+        };
+        for (index, item) in items.iter().enumerate() {
+            config.tenants.push(parse_tenant(item, index)?);
+        }
     }
     if let Some(value) = document.get("model") {
         let toml::Value::Array(items) = value else {
@@ -102,4 +116,24 @@ fn parse_model(
         }
     }
     Ok(model)
+}
+
+/// One `[[tenant]]` table.
+fn parse_tenant(item: &toml::Value, index: usize) -> Result<TenantConfig, ConfigError> {
+    let toml::Value::Table(table) = item else {
+        return Err(syntax("tenant must be an array of tables ([[tenant]])"));
+    };
+    let context = match table.get("name") {
+        Some(toml::Value::String(name)) => format!("tenant {name:?}: "),
+        _ => format!("tenant #{}: ", index + 1),
+    };
+    let mut tenant = TenantConfig::new("", Vec::new());
+    apply(table, "", &context, |key, raw| tenant.set(key, raw))?;
+    for required in ["name", "api_key_sha256"] {
+        if !table.contains_key(required) {
+            let message = format!("{context}missing key \"{required}\"");
+            return Err(ConfigError::new(ConfigErrorKind::MissingKey, message));
+        }
+    }
+    Ok(tenant)
 }

@@ -9,10 +9,12 @@
 use std::net::SocketAddr;
 
 use super::duration::parse_duration;
+use super::UpstreamConfig;
 use super::{
     AccessLog, Engine, ModelConfig, QueueConfig, Routing, ServerConfig, Setting, Strategy,
 };
-use super::{ConfigError, ConfigErrorKind, UpstreamConfig};
+use super::{ConfigError, ConfigErrorKind, RateLimitConfig, RateLimitStore, TenantConfig};
+use crate::credential::{parse_hex_digest, Digest};
 
 /// Keys of `[server]`, in documentation order.
 pub(crate) const SERVER_KEYS: &[&str] = &[
@@ -30,6 +32,7 @@ pub(crate) const SERVER_KEYS: &[&str] = &[
     "drain_timeout",
     "access_log",
     "debug_headers",
+    "admin_token_sha256",
 ];
 
 /// Keys of `[queue]` and `[model.queue]`, in documentation order.
@@ -64,6 +67,17 @@ pub(crate) const UPSTREAM_KEYS: &[&str] = &[
     "health_path",
     "eject_after_failures",
 ];
+
+/// Keys of `[rate_limit]`, in documentation order.
+pub(crate) const RATE_LIMIT_KEYS: &[&str] = &["store", "redis_url"];
+
+/// Keys of `[[tenant]]`, in documentation order.
+pub(crate) const TENANT_KEYS: &[&str] =
+    &["name", "api_key_sha256", "weight", "tokens_per_minute", "requests_per_minute"];
+
+/// The sections of a configuration file.
+pub(crate) const SECTIONS: &[&str] =
+    &["server", "queue", "upstream", "rate_limit", "tenant", "model"];
 
 /// Keys of `[[model]]` (besides its `queue` table), in documentation order.
 pub(crate) const MODEL_KEYS: &[&str] =
@@ -124,8 +138,10 @@ pub(crate) fn unknown_key(context: &str, key: &str) -> ConfigError {
         "server" => SERVER_KEYS,
         "queue" => QUEUE_KEYS,
         "upstream" => UPSTREAM_KEYS,
+        "rate_limit" => RATE_LIMIT_KEYS,
         "" if context.starts_with("model") => MODEL_KEYS,
-        "" => &["server", "queue", "upstream", "model"],
+        "" if context.starts_with("tenant") => TENANT_KEYS,
+        "" => SECTIONS,
         _ => &[],
     };
     let hint = match known.iter().find(|candidate| edit_distance(candidate, last) <= 2) {
@@ -173,6 +189,13 @@ impl ServerConfig {
                 })?;
             }
             "debug_headers" => self.debug_headers = boolean(raw)?,
+            "admin_token_sha256" => {
+                let text = string(raw)?;
+                self.admin_token_sha256 = match text.trim() {
+                    "" => None,
+                    digest => Some(hex_digest(digest)?),
+                };
+            }
             _ => return Err(SetError::UnknownKey),
         }
         Ok(())
@@ -239,6 +262,48 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+impl RateLimitConfig {
+    /// Sets one `[rate_limit]` key.
+    pub(crate) fn set(&mut self, key: &str, raw: Raw<'_>) -> Result<(), SetError> {
+        match key {
+            "store" => self.store = named(raw, RateLimitStore::ALL, RateLimitStore::name)?,
+            "redis_url" => self.redis_url = string(raw)?,
+            _ => return Err(SetError::UnknownKey),
+        }
+        Ok(())
+    }
+}
+
+impl TenantConfig {
+    /// Sets one `[[tenant]]` key.
+    pub(crate) fn set(&mut self, key: &str, raw: Raw<'_>) -> Result<(), SetError> {
+        match key {
+            "name" => self.name = string(raw)?,
+            "api_key_sha256" => {
+                let entries = string_list(raw)?;
+                let digests = entries.iter().enumerate().map(|(i, entry)| {
+                    hex_digest(entry.trim()).map_err(|reason| format!("entry {i}: {reason}"))
+                });
+                self.api_key_sha256 = digests.collect::<Result<_, _>>()?;
+            }
+            "weight" => self.weight = unsigned(raw)?,
+            "tokens_per_minute" => self.tokens_per_minute = unsigned(raw)?,
+            "requests_per_minute" => self.requests_per_minute = unsigned(raw)?,
+            _ => return Err(SetError::UnknownKey),
+        }
+        Ok(())
+    }
+}
+
+/// A SHA-256 digest in hex (either case), with a reason that says what is expected.
+fn hex_digest(text: &str) -> Result<Digest, String> {
+    parse_hex_digest(text).map_err(|reason| {
+        format!(
+            "{reason} (the SHA-256 of the token, never the token; `warmpath keygen` prints one)"
+        )
+    })
 }
 
 /// A TOML value's type, for "expected X, found Y".
@@ -408,6 +473,31 @@ mod tests {
         for key in UPSTREAM_KEYS {
             assert_ne!(upstream.set(key, Raw::Text("")), Err(SetError::UnknownKey), "{key}");
         }
+        let mut rate_limit = RateLimitConfig::default();
+        for key in RATE_LIMIT_KEYS {
+            assert_ne!(rate_limit.set(key, Raw::Text("")), Err(SetError::UnknownKey), "{key}");
+        }
+        let mut tenant = TenantConfig::new("t", Vec::new());
+        for key in TENANT_KEYS {
+            assert_ne!(tenant.set(key, Raw::Text("")), Err(SetError::UnknownKey), "{key}");
+        }
+    }
+
+    #[test]
+    fn digests_are_hex_of_either_case_and_an_empty_admin_token_is_off() {
+        let upper = "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD";
+        let mut tenant = TenantConfig::new("t", Vec::new());
+        tenant.set("api_key_sha256", Raw::Text(&format!(" {upper} "))).unwrap();
+        assert_eq!(tenant.api_key_sha256, vec![crate::credential::digest(b"abc")]);
+        let error = tenant.set("api_key_sha256", Raw::Text(&format!("{upper},wp_abc")));
+        let Err(SetError::BadValue(reason)) = error else { panic!("{error:?}") };
+        assert!(reason.starts_with("entry 1: expected 64 hex digits"), "{reason}");
+        assert!(reason.contains("never the token"), "{reason}");
+        let mut server = ServerConfig::default();
+        server.set("admin_token_sha256", Raw::Text(upper)).unwrap();
+        assert!(server.admin_token_sha256.is_some());
+        server.set("admin_token_sha256", Raw::Text("")).unwrap();
+        assert_eq!(server.admin_token_sha256, None);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //!
 //! Layers, lowest first (SPEC 4: "command-line flag > environment variable > file > default"):
 //! 1. the defaults of SPEC 4 ([`QueueConfig::default`] and friends);
-//! 2. the TOML file (`file.rs`): `[server]`, `[queue]`, `[upstream]`, `[[model]]`; a model's
-//!    effective queue is the `[queue]` table overridden by its own `[model.queue]` table;
+//! 2. the TOML file (`file.rs`): `[server]`, `[queue]`, `[upstream]`, `[rate_limit]`,
+//!    `[[tenant]]`, `[[model]]`; a model's effective queue is the `[queue]` table overridden by
+//!    its own `[model.queue]` table (tenants come from the file only);
 //! 3. the kthena environment variables ([`mod@env`]), which beat the file for the `[queue]`
 //!    defaults **and** for every model's effective queue, `[model.queue]` overrides included;
 //! 4. the command line ([`mod@overrides`]): `--listen`, `--admin-listen`, then `--set KEY=VALUE`
@@ -30,6 +31,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::credential::Digest;
+
 pub use duration::{format_duration, parse_duration, DurationError};
 pub use env::{process_env, ENV_VARS};
 pub use overrides::Overrides;
@@ -47,6 +50,46 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// `[[model]]`, in file order. Never empty in a validated configuration.
     pub models: Vec<ModelConfig>,
+    /// `[[tenant]]`, in file order (issue [11]). With at least one, every request to the main
+    /// listener but `/healthz` and `/readyz` needs one of their API keys.
+    pub tenants: Vec<TenantConfig>,
+    /// `[rate_limit]`: where the tenants' limits are counted (issue [11]).
+    pub rate_limit: RateLimitConfig,
+}
+
+/// One `[[tenant]]` (issue [11], SPEC section 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantConfig {
+    /// Its name: the `tenant` label and the access log's `tenant` field; 1 to 64 ASCII
+    /// letters, digits, `-`, `_` and `.`.
+    pub name: String,
+    /// SHA-256 digests of its API keys (never the keys), at least one.
+    pub api_key_sha256: Vec<Digest>,
+    /// Fair-share weight, 1 to 1000.
+    pub weight: u32,
+    /// Prompt plus completion tokens per minute; 0 = unlimited.
+    pub tokens_per_minute: u64,
+    /// Requests per minute; 0 = unlimited.
+    pub requests_per_minute: u64,
+}
+
+/// `[rate_limit]` (issue [11]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    /// Where the limits are counted: per replica, or shared through Redis.
+    pub store: RateLimitStore,
+    /// The Redis server of `store = "redis"`: `redis://[user:password@]host[:port][/db]`.
+    pub redis_url: String,
+}
+
+/// `rate_limit.store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RateLimitStore {
+    /// Each replica counts its own.
+    #[default]
+    Local,
+    /// Shared across replicas through Redis.
+    Redis,
 }
 
 /// `[server]`.
@@ -80,6 +123,9 @@ pub struct ServerConfig {
     pub access_log: AccessLog,
     /// Add `x-warmpath-*` response headers (SPEC 6).
     pub debug_headers: bool,
+    /// Issue [11]: the SHA-256 digest of the bearer token every admin route then requires;
+    /// `None` (written `""`) = the admin listener is open.
+    pub admin_token_sha256: Option<Digest>,
 }
 
 /// `server.access_log`: `"off"`, `"stdout"`, `"stderr"`, or a file path.
@@ -274,6 +320,7 @@ named_enum!(Routing {
     RoundRobin => "round-robin",
 });
 named_enum!(Engine { Vllm => "vllm", Sglang => "sglang", Openai => "openai" });
+named_enum!(RateLimitStore { Local => "local", Redis => "redis" });
 
 impl AccessLog {
     /// Parses `"off"`, `"stdout"`, `"stderr"` or a file path; `None` for an empty string.
@@ -315,6 +362,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             access_log: AccessLog::Off,
             debug_headers: false,
+            admin_token_sha256: None,
         }
     }
 }
@@ -358,6 +406,28 @@ impl Default for UpstreamConfig {
     }
 }
 
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig {
+            store: RateLimitStore::Local,
+            redis_url: "redis://127.0.0.1:6379".to_owned(),
+        }
+    }
+}
+
+impl TenantConfig {
+    /// A tenant with the given name and key digests and every other key at its default.
+    pub fn new(name: impl Into<String>, api_key_sha256: Vec<Digest>) -> Self {
+        TenantConfig {
+            name: name.into(),
+            api_key_sha256,
+            weight: 1,
+            tokens_per_minute: 0,
+            requests_per_minute: 0,
+        }
+    }
+}
+
 impl QueueConfig {
     /// The session sources in effect: the configured list, or the default one built from
     /// `session_header`. Entries that do not parse are left out (validation refuses them).
@@ -393,6 +463,8 @@ impl Config {
             queue: QueueConfig::default(),
             upstream: UpstreamConfig::default(),
             models,
+            tenants: Vec::new(),
+            rate_limit: RateLimitConfig::default(),
         }
     }
 

@@ -1,9 +1,10 @@
 //! Command-line overrides, the top layer: `--listen`, `--admin-listen`, and repeatable
 //! `--set KEY=VALUE` with dotted keys.
 //!
-//! Keys: `server.K`, `upstream.K`, `queue.K` (the default **and** every model's effective
-//! queue, like an environment variable), `model.NAME.K` (`name`, `upstream_model`, `engine`,
-//! `routing`, `backends` as comma-separated text) and `model.NAME.queue.K`. Order: `--listen`,
+//! Keys: `server.K`, `upstream.K`, `rate_limit.K`, `queue.K` (the default **and** every
+//! model's effective queue, like an environment variable), `model.NAME.K` (`name`,
+//! `upstream_model`, `engine`, `routing`, `backends` as comma-separated text) and
+//! `model.NAME.queue.K`; `[[tenant]]` tables come from the file only. Order: `--listen`,
 //! `--admin-listen`, then every `--set` that is not per model, in command-line order, then the
 //! per-model ones, in command-line order; so a per-model `--set` beats a `queue.K` one. A model
 //! name may contain dots: of the configured names that fit, the longest one followed by a known
@@ -68,6 +69,7 @@ fn set(config: &mut Config, key: &str, raw: Raw<'_>) -> Result<(), SetError> {
     match section {
         "server" => config.server.set(rest, raw),
         "upstream" => config.upstream.set(rest, raw),
+        "rate_limit" => config.rate_limit.set(rest, raw),
         "queue" => {
             config.queue.set(rest, raw)?;
             for model in &mut config.models {

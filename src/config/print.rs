@@ -6,7 +6,9 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::duration::format_duration;
-use super::{Config, ModelConfig, QueueConfig, ServerConfig, Setting, UpstreamConfig};
+use super::{Config, ModelConfig, QueueConfig, ServerConfig, Setting, TenantConfig};
+use super::{RateLimitConfig, UpstreamConfig};
+use crate::credential::hex;
 use crate::scheduler::estimate::{BUDGET_UNLEARNED, INDEX_DEFAULT_BLOCKS, WAITING_TARGET};
 
 /// The whole document.
@@ -17,6 +19,10 @@ pub(crate) fn config(config: &Config) -> String {
     out.push_str("\n[queue]  # defaults; each model's effective queue is written below it\n");
     queue(&mut out, &config.queue);
     upstream(&mut out, &config.upstream);
+    rate_limit(&mut out, &config.rate_limit);
+    for tenant_config in &config.tenants {
+        tenant(&mut out, tenant_config);
+    }
     for model_config in &config.models {
         model(&mut out, model_config);
     }
@@ -74,6 +80,28 @@ fn server(out: &mut String, server: &ServerConfig) {
     line(out, "drain_timeout", duration(server.drain_timeout));
     line(out, "access_log", string(&server.access_log.name()));
     line(out, "debug_headers", server.debug_headers);
+    let admin_token = server.admin_token_sha256.as_ref().map_or_else(String::new, hex);
+    line(out, "admin_token_sha256", string(&admin_token));
+    if server.admin_token_sha256.is_none() {
+        out.push_str("#   \"\": the admin listener is open (docs/security.md)\n");
+    }
+}
+
+fn rate_limit(out: &mut String, rate_limit: &RateLimitConfig) {
+    out.push_str("\n[rate_limit]\n");
+    line(out, "store", string(rate_limit.store.name()));
+    line(out, "redis_url", string(&rate_limit.redis_url));
+}
+
+/// A `[[tenant]]`: its key digests (the only form in which keys exist in a configuration).
+fn tenant(out: &mut String, tenant: &TenantConfig) {
+    out.push_str("\n[[tenant]]\n");
+    line(out, "name", string(&tenant.name));
+    let digests: Vec<String> = tenant.api_key_sha256.iter().map(|d| string(&hex(d))).collect();
+    line(out, "api_key_sha256", format_args!("[{}]", digests.join(", ")));
+    line(out, "weight", tenant.weight);
+    line(out, "tokens_per_minute", tenant.tokens_per_minute);
+    line(out, "requests_per_minute", tenant.requests_per_minute);
 }
 
 fn queue(out: &mut String, queue: &QueueConfig) {
@@ -169,9 +197,17 @@ mod tests {
         config.queue.timeout = Duration::ZERO;
         config.models[1].queue.session_sources =
             Some(vec!["body:conversation_id".to_owned(), "header:X-Conv".to_owned()]);
+        config.server.admin_token_sha256 = Some(crate::credential::digest(b"admin"));
+        config.rate_limit.store = crate::config::RateLimitStore::Redis;
+        config.rate_limit.redis_url = "redis://:pw@cache:6380/1".to_owned();
+        let keys = vec![crate::credential::digest(b"a"), crate::credential::digest(b"b")];
+        let mut tenant = TenantConfig::new("search-team", keys);
+        (tenant.weight, tenant.tokens_per_minute, tenant.requests_per_minute) = (3, 90_000, 60);
+        config.tenants = vec![tenant, TenantConfig::new("t2", vec![[0xab; 32]])];
         let text = config.to_toml();
         assert!(text.contains("session_sources = [\"body:conversation_id\", \"header:X-Conv\"]"));
         assert!(text.contains("#   [\"header:X-Session-ID\", \"body:prompt_cache_key\""), "{text}");
+        assert!(text.contains(&format!("api_key_sha256 = [\"{}\"]", "ab".repeat(32))), "{text}");
         assert_eq!(file::parse(&text), Ok(config), "{text}");
     }
 }

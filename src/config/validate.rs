@@ -12,7 +12,8 @@ use std::time::Duration;
 use super::duration::format_duration;
 use super::sessions::{self, is_header_name};
 use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
-use super::{ServerConfig, Setting, UpstreamConfig};
+use super::{RateLimitConfig, ServerConfig, Setting, TenantConfig, UpstreamConfig};
+use crate::credential::hex;
 
 /// Most backends one model may list (backend indices are 16-bit).
 pub(crate) const BACKENDS_MAX: usize = 65_535;
@@ -20,6 +21,18 @@ pub(crate) const BACKENDS_MAX: usize = 65_535;
 pub(crate) const QUEUED_MAX: u32 = 16_777_216;
 /// Most event-loop shards.
 pub(crate) const SHARDS_MAX: u32 = 1_024;
+/// Most `[[tenant]]` tables (tenant indices are 16-bit, and a live reload keeps removed ones).
+pub(crate) const TENANTS_MAX: usize = 4_096;
+/// Most API keys per tenant (two are enough to rotate one).
+pub(crate) const KEYS_PER_TENANT_MAX: usize = 64;
+/// Largest fair-share weight.
+pub(crate) const WEIGHT_MAX: u32 = 1_000;
+/// Largest `tokens_per_minute` and `requests_per_minute`: a bucket's arithmetic (a minute's
+/// allowance times a tick rate) stays within 64 bits.
+pub(crate) const TOKENS_PER_MINUTE_MAX: u64 = 1_000_000_000_000;
+pub(crate) const REQUESTS_PER_MINUTE_MAX: u64 = 1_000_000_000;
+/// Longest tenant name.
+pub(crate) const TENANT_NAME_BYTES_MAX: usize = 64;
 
 type Check = Result<(), ConfigError>;
 
@@ -33,6 +46,8 @@ pub(crate) fn config(config: &Config) -> Check {
     }
     server(&config.server)?;
     upstream(&config.upstream)?;
+    rate_limit(&config.rate_limit)?;
+    tenants(&config.tenants)?;
     queue("", &config.queue)?;
     for (index, model) in config.models.iter().enumerate() {
         let context = format!("model {:?}: ", model.name);
@@ -130,6 +145,113 @@ fn upstream(upstream: &UpstreamConfig) -> Check {
     if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
         let reason = "must be an absolute path starting with \"/\", without spaces";
         return Err(invalid(s, "health_path", quoted(path), reason));
+    }
+    Ok(())
+}
+
+/// `[rate_limit]`: `redis_url` is checked whatever the store, so that a typo shows before the
+/// store is switched.
+fn rate_limit(rate_limit: &RateLimitConfig) -> Check {
+    if let Err(reason) = check_redis_url(&rate_limit.redis_url) {
+        return Err(invalid("rate_limit.", "redis_url", quoted(&rate_limit.redis_url), &reason));
+    }
+    Ok(())
+}
+
+/// `redis://[[user]:password@]host[:port][/db]`, the host a name or an address (IPv6 in
+/// brackets), the port 1 to 65535, the database a number.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let rest = url.strip_prefix("redis://").ok_or("expected a redis:// URL")?;
+    let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
+    if !db.is_empty() && !db.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("database {db:?} is not a number"));
+    }
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some((host, rest)) => {
+                host.parse::<Ipv6Addr>().map_err(|_| format!("{host:?} is not an IPv6 address"))?;
+                (host, rest.strip_prefix(':'))
+            }
+            None => return Err("expected [IPv6] in brackets".to_owned()),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    let name_ok = |h: &str| h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    if host.is_empty() || !(host_port.starts_with('[') || name_ok(host)) {
+        return Err(format!("{host:?} is not a host name or IP address"));
+    }
+    match port.map(|p| (p, p.parse::<u16>())) {
+        None => Ok(()),
+        Some((p, Ok(n))) if n > 0 && n.to_string() == p => Ok(()),
+        Some((p, _)) => Err(format!("port {p:?} is not a number from 1 to 65535")),
+    }
+}
+
+/// Every `[[tenant]]`: names, weights and limits, and no key digest listed twice (within a
+/// tenant or across tenants: one key must name one tenant).
+fn tenants(tenants: &[TenantConfig]) -> Check {
+    if tenants.len() > TENANTS_MAX {
+        let shown = format!("[{} tables]", tenants.len());
+        return Err(invalid("", "tenant", shown, &format!("at most {TENANTS_MAX} tenants")));
+    }
+    let mut seen: hashbrown::HashMap<[u8; 32], (usize, usize)> = hashbrown::HashMap::new();
+    for (index, tenant) in tenants.iter().enumerate() {
+        let context = format!("tenant {:?}: ", tenant.name);
+        if let Err(reason) = check_tenant_name(&tenant.name) {
+            return Err(invalid(&context, "name", quoted(&tenant.name), &reason));
+        }
+        if let Some(first) = tenants[..index].iter().position(|t| t.name == tenant.name) {
+            let reason = format!("the same name as tenant #{}", first + 1);
+            let context = format!("tenant #{}: ", index + 1);
+            return Err(invalid(&context, "name", quoted(&tenant.name), &reason));
+        }
+        tenant_values(&context, tenant)?;
+        for (key, digest) in tenant.api_key_sha256.iter().enumerate() {
+            if let Some(&(other, other_key)) = seen.get(digest) {
+                let reason = format!(
+                    "the same digest as tenant {:?}'s api_key_sha256[{other_key}]: a key names one \
+                     tenant",
+                    tenants[other].name
+                );
+                let at = format!("api_key_sha256[{key}]");
+                return Err(invalid(&context, &at, quoted(&hex(digest)), &reason));
+            }
+            seen.insert(*digest, (index, key));
+        }
+    }
+    Ok(())
+}
+
+/// A tenant's keys count, weight and limits.
+fn tenant_values(context: &str, tenant: &TenantConfig) -> Check {
+    let keys = tenant.api_key_sha256.len();
+    if keys == 0 {
+        return Err(invalid(context, "api_key_sha256", "[]", "must list at least one digest"));
+    }
+    if keys > KEYS_PER_TENANT_MAX {
+        let reason = format!("at most {KEYS_PER_TENANT_MAX} keys per tenant");
+        return Err(invalid(context, "api_key_sha256", format!("[{keys} entries]"), &reason));
+    }
+    range(context, "weight", tenant.weight, 1, WEIGHT_MAX)?;
+    range(context, "tokens_per_minute", tenant.tokens_per_minute, 0, TOKENS_PER_MINUTE_MAX)?;
+    range(context, "requests_per_minute", tenant.requests_per_minute, 0, REQUESTS_PER_MINUTE_MAX)
+}
+
+/// A tenant name is a metrics label value, a log field and (for the rate limits) part of a
+/// Redis key: 1 to 64 ASCII letters, digits, `-`, `_` and `.`.
+fn check_tenant_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if name.len() > TENANT_NAME_BYTES_MAX {
+        return Err(format!("at most {TENANT_NAME_BYTES_MAX} characters"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err("only ASCII letters, digits, \"-\", \"_\" and \".\"".to_owned());
     }
     Ok(())
 }
@@ -412,6 +534,114 @@ mod tests {
             message,
             "server.admin_listen = \"127.0.0.1:8080\": must differ from server.listen"
         );
+    }
+
+    fn tenant(name: &str, keys: &[&[u8]]) -> TenantConfig {
+        let digests = keys.iter().map(|k| crate::credential::digest(k)).collect();
+        TenantConfig::new(name, digests)
+    }
+
+    #[test]
+    fn tenant_names_are_label_values_and_unique() {
+        for (bad, reason) in [
+            ("", "must not be empty"),
+            ("search team", "only ASCII letters"),
+            ("équipe", "only ASCII letters"),
+            ("a\"b", "only ASCII letters"),
+        ] {
+            let message = refused(|c| c.tenants = vec![tenant(bad, &[b"k"])]);
+            let expected = format!("tenant {bad:?}: name = {bad:?}: {reason}");
+            assert!(message.starts_with(&expected), "{message}");
+        }
+        let long = "a".repeat(65);
+        let message = refused(|c| c.tenants = vec![tenant(&long, &[b"k"])]);
+        assert!(message.ends_with("at most 64 characters"), "{message}");
+        let mut ok = valid();
+        ok.tenants = vec![tenant("search-team_2.prod", &[b"k"]), tenant(&"b".repeat(64), &[b"j"])];
+        ok.validate().unwrap();
+        let message = refused(|c| c.tenants = vec![tenant("a", &[b"k"]), tenant("a", &[b"j"])]);
+        assert_eq!(message, "tenant #2: name = \"a\": the same name as tenant #1");
+    }
+
+    #[test]
+    fn a_digest_names_one_tenant() {
+        let k = hex(&crate::credential::digest(b"k"));
+        let message = refused(|c| {
+            c.tenants =
+                vec![tenant("a", &[b"x", b"k"]), tenant("b", &[b"y"]), tenant("c", &[b"k"])];
+        });
+        assert_eq!(
+            message,
+            format!(
+                "tenant \"c\": api_key_sha256[0] = \"{k}\": the same digest as tenant \"a\"'s \
+                 api_key_sha256[1]: a key names one tenant"
+            )
+        );
+        let message = refused(|c| c.tenants = vec![tenant("a", &[b"k", b"x", b"k"])]);
+        assert!(
+            message.starts_with(&format!(
+                "tenant \"a\": api_key_sha256[2] = \"{k}\": the same digest as tenant \"a\"'s \
+                 api_key_sha256[0]"
+            )),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn tenant_keys_weights_and_limits_are_bounded() {
+        let message = refused(|c| c.tenants = vec![tenant("a", &[])]);
+        assert_eq!(message, "tenant \"a\": api_key_sha256 = []: must list at least one digest");
+        let many: Vec<Vec<u8>> = (0..65u8).map(|i| vec![i]).collect();
+        let refs: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+        let message = refused(|c| c.tenants = vec![tenant("a", &refs)]);
+        assert!(message.contains("at most 64 keys per tenant"), "{message}");
+        let with = |edit: fn(&mut TenantConfig)| {
+            move |c: &mut Config| {
+                let mut t = tenant("a", &[b"k"]);
+                edit(&mut t);
+                c.tenants = vec![t];
+            }
+        };
+        assert_eq!(refused(with(|t| t.weight = 0)), "tenant \"a\": weight = 0: must be at least 1");
+        assert_eq!(
+            refused(with(|t| t.weight = 1001)),
+            "tenant \"a\": weight = 1001: must be at most 1000"
+        );
+        assert!(refused(with(|t| t.tokens_per_minute = TOKENS_PER_MINUTE_MAX + 1))
+            .starts_with("tenant \"a\": tokens_per_minute = 1000000000001: must be at most"));
+        assert!(refused(with(|t| t.requests_per_minute = REQUESTS_PER_MINUTE_MAX + 1))
+            .starts_with("tenant \"a\": requests_per_minute = 1000000001: must be at most"));
+        let message = refused(|c| {
+            c.tenants = (0..=TENANTS_MAX).map(|i| tenant(&format!("t{i}"), &[b"k"])).collect();
+        });
+        assert_eq!(message, "tenant = [4097 tables]: at most 4096 tenants");
+    }
+
+    #[test]
+    fn redis_urls_are_checked_whatever_the_store() {
+        for good in [
+            "redis://127.0.0.1:6379",
+            "redis://localhost",
+            "redis://:secret@cache.internal:6380/2",
+            "redis://user:p%40ss@[::1]:6379/0",
+            "redis://[::1]",
+        ] {
+            assert_eq!(check_redis_url(good), Ok(()), "{good}");
+        }
+        for (bad, reason) in [
+            ("127.0.0.1:6379", "expected a redis:// URL"),
+            ("rediss://h:1", "expected a redis:// URL"),
+            ("redis://", "is not a host name"),
+            ("redis://h:0", "port \"0\""),
+            ("redis://h:x", "port \"x\""),
+            ("redis://h/db", "database \"db\""),
+            ("redis://h h:1", "is not a host name"),
+            ("redis://[zz]:1", "is not an IPv6 address"),
+        ] {
+            let message = refused(|c| c.rate_limit.redis_url = bad.to_owned());
+            assert!(message.starts_with(&format!("rate_limit.redis_url = {bad:?}: ")), "{message}");
+            assert!(message.contains(reason), "{bad}: {message}");
+        }
     }
 
     #[test]

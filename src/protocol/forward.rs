@@ -9,7 +9,9 @@
 //! - `Content-Length`, written anew with the length of the body actually sent (decoded from
 //!   chunks, possibly rewritten): upstream bodies are always sent with a length;
 //! - `Expect`: the router has read the whole body before forwarding, so a backend's
-//!   `100 Continue` would only be noise.
+//!   `100 Continue` would only be noise;
+//! - `Authorization`, when [`ForwardInfo::strip_authorization`] says so: the header carried
+//!   the router's own API key (issue [11]), which an engine must not see (nor log).
 //!
 //! `Host` is kept (and added, as `ForwardInfo::default_host`, for an HTTP/1.0 client that sent
 //! none, since the forwarded request is HTTP/1.1). The client address is appended to the last `X-Forwarded-For` line (or a line
@@ -32,6 +34,8 @@ pub struct ForwardInfo<'a> {
     pub default_host: &'a [u8],
     /// The length of the body that follows the head.
     pub body_len: u64,
+    /// Leave out `Authorization` (it held a key of the router's tenants).
+    pub strip_authorization: bool,
 }
 
 /// Appends the head of `head` (parsed from `buf`) as sent to a backend.
@@ -57,6 +61,7 @@ pub fn write_upstream_head(
         if hop_by_hop.contains(name)
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
+            || extra.strip_authorization && name.eq_ignore_ascii_case(b"authorization")
         {
             continue;
         }
@@ -94,12 +99,17 @@ mod tests {
     use crate::protocol::{parse_request_head, Limits};
 
     fn forward(req: &[u8], body_len: u64) -> String {
+        forward_with(req, body_len, false)
+    }
+
+    fn forward_with(req: &[u8], body_len: u64, strip_authorization: bool) -> String {
         let head = parse_request_head(req, &Limits::default()).unwrap().unwrap();
         let info = ForwardInfo {
             client_addr: "10.0.0.9".parse().unwrap(),
             request_id: b"gen-1",
             default_host: b"b:80",
             body_len,
+            strip_authorization,
         };
         let mut out = Vec::new();
         write_upstream_head(&head, req, &mut out, &info);
@@ -117,6 +127,17 @@ Expect: 100-continue\r\nAuthorization: Bearer k\r\nx-forwarded-for: 1.2.3.4\r\n\
             "POST /v1/chat/completions?a=b HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer k\r\n\
 x-forwarded-for: 1.2.3.4, 10.0.0.9\r\nX-Request-ID: gen-1\r\nContent-Length: 12\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_tenant_s_authorization_is_not_forwarded() {
+        let req = b"POST /v1/x HTTP/1.1\r\nHost: h\r\nauthorization: Bearer wp_k\r\nX-A: 1\r\n\r\n";
+        assert_eq!(
+            forward_with(req, 2, true),
+            "POST /v1/x HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-Forwarded-For: 10.0.0.9\r\n\
+X-Request-ID: gen-1\r\nContent-Length: 2\r\n\r\n"
+        );
+        assert!(forward_with(req, 2, false).contains("authorization: Bearer wp_k\r\n"));
     }
 
     #[test]

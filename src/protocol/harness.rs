@@ -497,6 +497,7 @@ fn start_body(
         request_id: b"id",
         default_host: b"b:1",
         body_len: 3,
+        strip_authorization: false,
     };
     write_upstream_head(head, buf, &mut forwarded, &info);
     let relaxed = Limits {

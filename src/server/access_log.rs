@@ -241,6 +241,9 @@ pub struct Record<'a> {
     pub method: &'a [u8],
     pub path: &'a [u8],
     pub model: Option<&'a str>,
+    /// Issue [11]: the tenant its API key named (`null` when none is configured, or for a
+    /// route that needs no key, or a refused key).
+    pub tenant: Option<&'a str>,
     /// The session id; a body field's value as sent (escapes left as they are).
     pub session: Option<&'a [u8]>,
     /// Which source gave the session (issue [10]): `header`, `body` or `none`.
@@ -274,6 +277,8 @@ pub fn format_line(record: &Record<'_>, out: &mut Vec<u8>) {
     bytes_or_null(Some(record.path), out);
     out.extend_from_slice(b",\"model\":");
     bytes_or_null(record.model.map(str::as_bytes), out);
+    out.extend_from_slice(b",\"tenant\":");
+    bytes_or_null(record.tenant.map(str::as_bytes), out);
     out.extend_from_slice(b",\"session\":");
     bytes_or_null(record.session, out);
     out.extend_from_slice(b",\"session_source\":\"");
@@ -371,6 +376,7 @@ mod tests {
             method: b"POST",
             path: b"/v1/chat/completions",
             model: Some("m"),
+            tenant: Some("search-team"),
             session: Some(b"s\"1"),
             session_source: "body",
             backend: Some("127.0.0.1:8000"),
@@ -393,6 +399,7 @@ mod tests {
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(value["time"], "2023-11-14T22:13:20.123Z");
         assert_eq!(value["session"], "s\"1");
+        assert_eq!(value["tenant"], "search-team");
         assert_eq!(value["session_source"], "body");
         assert_eq!(value["lane"], "boosted");
         assert_eq!(value["queue_wait_us"], 1500);
@@ -406,11 +413,13 @@ mod tests {
         gone.lane = None;
         gone.ttfb = None;
         gone.backend = None;
+        gone.tenant = None;
         gone.outcome = Outcome::ClientGone;
         out.clear();
         format_line(&gone, &mut out);
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert!(value["status"].is_null() && value["ttfb_us"].is_null(), "{value}");
+        assert!(value["tenant"].is_null(), "{value}");
         assert_eq!(value["outcome"], "client_gone");
     }
 

@@ -1,8 +1,18 @@
 //! The admin listener (SPEC 6): `GET /metrics` (Prometheus text), `GET /debug/queue`,
 //! `GET /debug/backends` and `GET /debug/config` (JSON), `GET /status` (the HTML status page,
 //! [`status`](super::status)), and `POST /admin/reload` (a live
-//! reload, as SIGHUP; 200 with the new generation, 409 with the error when refused). One thread, blocking I/O, one request per connection with
-//! short timeouts: scrapes are rare and small, and this keeps the admin path off the shards.
+//! reload, as SIGHUP; 200 with the new generation, 409 with the error when refused). One
+//! thread, blocking I/O, one request per connection with short timeouts: scrapes are rare and
+//! small, and this keeps the admin path off the shards.
+//!
+//! With `server.admin_token_sha256` set (issue [11]), every route, unknown ones included, needs
+//! the admin token: `Authorization: Bearer <token>`, or `Basic` with the token as the password
+//! and any user name, so that a browser asked by the 401's challenge can open `/status` (and
+//! sends the same credentials with the page's polls). Anything else is a 401 with
+//! `WWW-Authenticate: Bearer` and `WWW-Authenticate: Basic realm="warmpath admin"` (two field
+//! lines, which RFC 9110 5.3 makes the same as one `Bearer, Basic realm="warmpath admin"`;
+//! browsers parse separate lines more reliably). The token is read from the active generation
+//! on each request, so a reload that sets, changes or clears it applies to the next one.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -20,6 +30,12 @@ use super::exposition::{hit_ratios, reports};
 use super::generation::{Generation, Model};
 use super::report::{BackendReport, Report, OLDEST_WAITING_MAX};
 use super::Shared;
+
+/// The 401's challenges (see the module doc).
+const CHALLENGE: &str =
+    "WWW-Authenticate: Bearer\r\nWWW-Authenticate: Basic realm=\"warmpath admin\"\r\n";
+const UNAUTHORIZED: &[u8] = b"the admin listener needs its token: Authorization: Bearer <token>, \
+or Basic with the token as the password\n";
 
 /// Longest admin request head read.
 const HEAD_MAX: usize = 8 << 10;
@@ -65,7 +81,7 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut buf = vec![0; HEAD_MAX];
     let mut len = 0;
-    let (method, path) = loop {
+    let (method, path, authorization) = loop {
         let n = stream.read(&mut buf[len..])?;
         if n == 0 {
             return Ok(());
@@ -77,12 +93,22 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
             Ok(httparse::Status::Complete(_)) => {
                 let method = req.method.unwrap_or("").to_owned();
                 let path = req.path.unwrap_or("").split('?').next().unwrap_or("").to_owned();
-                break (method, path);
+                let authorization: Vec<Vec<u8>> = (req.headers.iter())
+                    .filter(|h| h.name.eq_ignore_ascii_case("authorization"))
+                    .map(|h| h.value.to_vec())
+                    .collect();
+                break (method, path, authorization);
             }
             Ok(httparse::Status::Partial) if len < HEAD_MAX => {}
             _ => return respond(&mut stream, 400, "text/plain", b"bad request\n"),
         }
     };
+    if let Some(expected) = shared.generation().admin_token {
+        let values = authorization.iter().map(Vec::as_slice);
+        if !crate::credential::admin_allows(values, &expected) {
+            return respond_with(&mut stream, 401, "text/plain", CHALLENGE, UNAUTHORIZED);
+        }
+    }
     if method == "POST" && path == "/admin/reload" {
         let (status, body) = match super::reload::reload(shared) {
             Ok(number) => (200, serde_json::json!({ "generation": number })),
@@ -144,6 +170,7 @@ fn respond_with(
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         409 => "Conflict",
         _ => "Method Not Allowed",
@@ -364,8 +391,19 @@ fn learned_json(
     })
 }
 
-/// Key names whose values `/debug/config` never shows (matched as substrings, lowercase).
-const SECRET_KEYS: [&str; 5] = ["secret", "password", "token", "api_key", "authorization"];
+/// Words of key names whose values `/debug/config` never shows: a key is secret when one of
+/// its `_`-separated words (lowercase) is one of these, or it contains `api_key`, or ends in
+/// `_sha256` (a key digest: safe for a random token, but a guessable one could be searched
+/// for). So `admin_token_sha256` and `api_key_sha256` are hidden, `tokens_per_minute` is not.
+const SECRET_WORDS: [&str; 5] = ["secret", "password", "token", "authorization", "auth"];
+
+/// Whether `/debug/config` hides the value of key `key`.
+fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("api_key")
+        || key.ends_with("_sha256")
+        || key.split('_').any(|word| SECRET_WORDS.contains(&word))
+}
 
 /// `GET /debug/config`: the active generation and its effective configuration (the document
 /// `warmpath check-config` prints, as JSON), with the values of secret-looking keys replaced by
@@ -390,8 +428,7 @@ fn redact(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {
             for (key, value) in map.iter_mut() {
-                let key = key.to_ascii_lowercase();
-                if SECRET_KEYS.iter().any(|secret| key.contains(secret)) {
+                if is_secret(key) {
                     *value = serde_json::Value::String("<redacted>".into());
                 } else {
                     redact(value);
@@ -424,5 +461,11 @@ mod tests {
         assert_eq!(value["server"]["Auth_Token"], "<redacted>");
         assert_eq!(value["model"][0]["backends"][0], "<redacted>@10.0.0.1:8000");
         assert_eq!(value["model"][0]["backends"][1], "10.0.0.2:8000");
+        for secret in ["admin_token_sha256", "api_key_sha256", "password", "x_secret", "auth"] {
+            assert!(is_secret(secret), "{secret}");
+        }
+        for open in ["tokens_per_minute", "prefill_tokens_per_backend", "cost_slack_tokens"] {
+            assert!(!is_secret(open), "{open}");
+        }
     }
 }

@@ -6,6 +6,12 @@
 //! Shard counters are summed over shards at scrape time (SPEC 6: never a shared contended
 //! cache line); scheduler counters and gauges come from each scheduler's published
 //! [`Report`].
+//!
+//! Issue [11]'s `tenant` label: `warmpath_requests_total`, `warmpath_admitted_total` and
+//! `warmpath_ttft_seconds` carry it on the series of requests from a configured tenant, one
+//! series per tenant that has sent the model a request (histograms: per bucket set that has an
+//! observation). Requests without a tenant keep the series they always had, without the label,
+//! so a router with no `[[tenant]]` exposes exactly what it did before.
 
 use std::fmt::{Display, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +23,8 @@ use crate::scheduler::Lane;
 use crate::scheduler::tracker::TURN_BUCKETS;
 
 use super::metrics::{
-    Histogram, ModelMetrics, ShardMetrics, UpstreamError, PREFIX_LABELS, STATUS_SLOTS,
+    Histogram, ModelMetrics, ShardMetrics, TenantMetrics, UpstreamError, PREFIX_LABELS,
+    STATUS_SLOTS,
 };
 use super::report::{BackendReport, Report};
 use super::{Generation, Shared};
@@ -50,16 +57,20 @@ type Labelled = fn(&Report) -> [(&'static str, u64); 3];
 /// Where a family's series come from, and so which labels they carry.
 #[derive(Debug)]
 enum Source {
-    /// `model`, `status`: responses counted by the shards (statuses never seen are left out).
+    /// `model`, `status`, `tenant`: responses counted by the shards (statuses never seen are
+    /// left out; `tenant` only on a configured tenant's).
     Statuses,
+    /// `model`, `lane`, `tenant`: admissions. Without any tenant configured, from the
+    /// scheduler's report; with, counted by the shards that received them.
+    Admitted,
     /// `status`: the router's answers before a model was known.
     RouterStatuses,
     /// `model`: a histogram of the shards.
     Histogram(fn(&ModelMetrics) -> &Histogram),
     /// `model`, `lane`: a histogram of the shards per lane.
     LaneHistogram(fn(&ModelMetrics, Lane) -> &Histogram),
-    /// `model`, `turn`, `prefix`: time to first byte by turn bucket and predicted prefix
-    /// (issue \[10\]).
+    /// `model`, `turn`, `prefix`, `tenant`: time to first byte by turn bucket and predicted
+    /// prefix (issue \[10\]; `tenant` as for `Statuses`).
     TurnPrefixHistogram,
     /// `model`, `turn`: a histogram of the shards per turn bucket (issue \[10\]).
     TurnHistogram(fn(&ModelMetrics, usize) -> &Histogram),
@@ -94,10 +105,11 @@ impl Source {
     /// The labels of the family's series, in order (docs/metrics.md lists them so).
     fn labels(&self) -> Vec<&'static str> {
         let labels: &[&str] = match *self {
-            Source::Statuses => &["model", "status"],
+            Source::Statuses => &["model", "status", "tenant"],
+            Source::Admitted => &["model", "lane", "tenant"],
             Source::RouterStatuses => &["status"],
             Source::LaneHistogram(_) | Source::Lane(_) => &["model", "lane"],
-            Source::TurnPrefixHistogram => &["model", "turn", "prefix"],
+            Source::TurnPrefixHistogram => &["model", "turn", "prefix", "tenant"],
             Source::TurnHistogram(_) => &["model", "turn"],
             Source::Histogram(_)
             | Source::ModelCounter(_)
@@ -168,7 +180,7 @@ static FAMILIES: &[Family] = &[
         name: "warmpath_admitted_total",
         kind: "counter",
         help: "Admissions by lane.",
-        source: Source::Lane(|r, lane| r.stats.admitted[lane as usize]),
+        source: Source::Admitted,
     },
     Family {
         name: "warmpath_forced_total",
@@ -411,6 +423,8 @@ struct Scrape<'a> {
     models: Vec<String>,
     /// `backend` label values, by model and backend index.
     backends: Vec<Vec<String>>,
+    /// `tenant` label values: tenant `t` at `t - 1`.
+    tenants: Vec<String>,
     ticks_per_second: f64,
 }
 
@@ -427,6 +441,7 @@ impl<'a> Scrape<'a> {
                 .iter()
                 .map(|m| m.backends.iter().map(|b| label(&b.authority)).collect())
                 .collect(),
+            tenants: gen.tenants.iter().map(|t| label(&t.name)).collect(),
             ticks_per_second: shared.clock.rate().ticks_per_ns() * 1e9,
         }
     }
@@ -435,6 +450,7 @@ impl<'a> Scrape<'a> {
     fn series(&self, out: &mut String, name: &str, source: &Source) {
         match *source {
             Source::Statuses => self.statuses(out, name),
+            Source::Admitted => self.admitted(out, name),
             Source::RouterStatuses => {
                 for status in 100..STATUS_SLOTS {
                     let n = self.sum_shards(|s| &s.other_status[status]);
@@ -495,6 +511,45 @@ impl<'a> Scrape<'a> {
                     put(out, name, &[("model", m), ("status", &status.to_string())], n);
                 }
             }
+            for (tenant, t) in (1u16..).zip(&self.tenants) {
+                let mut counts = std::collections::BTreeMap::new();
+                for part in self.of_tenant(model, tenant) {
+                    for (status, n) in part.status.counts() {
+                        *counts.entry(status).or_insert(0) += n;
+                    }
+                }
+                for (status, n) in counts {
+                    let labels =
+                        [("model", m.as_str()), ("status", &status.to_string()), ("tenant", t)];
+                    put(out, name, &labels, n);
+                }
+            }
+        }
+    }
+
+    /// `warmpath_admitted_total`: per model and lane, from the reports while no tenant was ever
+    /// configured (exactly as before tenants existed), else from the shards' counts, tenant by
+    /// tenant.
+    fn admitted(&self, out: &mut String, name: &str) {
+        if self.tenants.is_empty() {
+            return self.per_lane(out, name, |r, lane| r.stats.admitted[lane as usize]);
+        }
+        for (model, m) in self.models.iter().enumerate() {
+            for lane in Lane::ALL {
+                let n = self.sum_model(model, |c| &c.admitted[lane as usize]);
+                put(out, name, &[("model", m), ("lane", lane.name())], n);
+            }
+            for (tenant, t) in (1u16..).zip(&self.tenants) {
+                if self.of_tenant(model, tenant).next().is_none() {
+                    continue;
+                }
+                for lane in Lane::ALL {
+                    let parts = self.of_tenant(model, tenant);
+                    let n: u64 =
+                        parts.map(|p| p.admitted[lane as usize].load(Ordering::Relaxed)).sum();
+                    put(out, name, &[("model", m), ("lane", lane.name()), ("tenant", t)], n);
+                }
+            }
         }
     }
 
@@ -536,6 +591,27 @@ impl<'a> Scrape<'a> {
                     continue;
                 };
                 shard_histogram(out, name, &labels, self.of_model(model).map(|c| pick(c, turn)));
+            }
+            if pick.is_none() {
+                self.tenant_ttft(out, name, model);
+            }
+        }
+    }
+
+    /// The TTFT histograms of model `model`'s tenants, those with an observation.
+    fn tenant_ttft(&self, out: &mut String, name: &str, model: usize) {
+        let m = self.models[model].as_str();
+        for (tenant, t) in (1u16..).zip(&self.tenants) {
+            for (turn, turn_label) in TURN_BUCKETS.iter().enumerate() {
+                for (warm, prefix) in PREFIX_LABELS.iter().enumerate().rev() {
+                    let parts = || self.of_tenant(model, tenant).map(|p| &p.ttft[turn][warm]);
+                    if parts().all(Histogram::is_empty) {
+                        continue;
+                    }
+                    let labels =
+                        [("model", m), ("turn", turn_label), ("prefix", prefix), ("tenant", t)];
+                    shard_histogram(out, name, &labels, parts());
+                }
             }
         }
     }
@@ -605,6 +681,11 @@ impl<'a> Scrape<'a> {
     /// The counters of model `index` in the shards that know the model.
     fn of_model(&self, index: usize) -> impl Iterator<Item = &ModelMetrics> {
         self.shards.iter().filter_map(move |s| s.models.get(index))
+    }
+
+    /// The counters of tenant `tenant` for model `model`, in the shards where it has any.
+    fn of_tenant(&self, model: usize, tenant: u16) -> impl Iterator<Item = &TenantMetrics> {
+        self.of_model(model).filter_map(move |m| m.tenant_if_seen(tenant))
     }
 
     /// A counter of model `index` summed over the shards that know the model.

@@ -9,6 +9,12 @@
 //! a scheduler slot indexed under one generation means the same thing under the next, and
 //! threads never have to agree on a switch-over moment. The price: the tables only grow, so a
 //! model's backend table is capped at [`BACKENDS_MAX`] entries, live or not (a restart compacts).
+//!
+//! Tenants (issue [11]) are kept the same way, by name: tenant *t* (from 1; 0 is "no tenant")
+//! is `tenants[t - 1]` in every generation, so a request's tenant index and each shard's
+//! per-tenant counters mean the same across a reload. Only live tenants' keys are in the
+//! generation's [`KeyTable`], so a removed tenant's keys stop working in the first generation
+//! without it, while its requests already admitted finish.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
@@ -18,9 +24,10 @@ use hashbrown::HashMap;
 use std::time::Duration;
 
 use crate::clock::{Clock, TickRate};
-use crate::config::{self, Config, ModelConfig, Setting, Strategy, UpstreamConfig};
+use crate::config::{self, Config, ModelConfig, Setting, Strategy, TenantConfig, UpstreamConfig};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
+use crate::credential::{Digest, KeyTable};
 use crate::protocol::Limits;
 use crate::ring::prompt_pool::PromptPool;
 use crate::ring::{InboxWaker, Ring};
@@ -35,6 +42,22 @@ use super::{ShardHost, ShardRing, RING_CAPACITY};
 pub const BACKENDS_MAX: usize = 1024;
 /// Models the table may hold, removed ones included.
 pub const MODELS_MAX: usize = 1024;
+/// Tenants the table may hold, removed ones included (tenant indices are 16-bit, 0 = none).
+pub const TENANTS_MAX: usize = 4096;
+
+/// The tenant index of a request that names no tenant: none is configured, or its route needs
+/// no key. Configured tenants are 1, 2, ...
+pub const NO_TENANT: u16 = 0;
+
+/// A tenant as the dataplane sees it (issue [11]).
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    /// Its configuration, as of the last generation it was configured in.
+    pub config: TenantConfig,
+    /// In the configuration of this generation (else its keys are refused).
+    pub live: bool,
+}
 
 /// One backend of a model.
 #[derive(Debug, Clone)]
@@ -110,6 +133,13 @@ pub struct Generation {
     /// all in the pass that finds the model (which it does not know before), and each model's
     /// sources pick theirs by index.
     pub body_fields: Vec<Box<[u8]>>,
+    /// Every tenant configured since start: tenant `t` is `tenants[t - 1]` (issue [11]).
+    pub tenants: Vec<Tenant>,
+    /// The live tenants' key digests, each naming its tenant index. Empty: the main listener
+    /// is open.
+    pub keys: KeyTable,
+    /// `server.admin_token_sha256`.
+    pub admin_token: Option<Digest>,
 }
 
 /// A model that needs a scheduler: the host to run on shard `home`.
@@ -168,6 +198,11 @@ impl Generation {
             session_header: config.queue.session_header.to_ascii_lowercase(),
             ..Limits::default()
         };
+        let tenants = tenants(previous, &config.tenants)?;
+        let keys = KeyTable::new(tenants.iter().zip(1u16..).filter(|(t, _)| t.live).flat_map(
+            |(tenant, index)| tenant.config.api_key_sha256.iter().map(move |d| (*d, index)),
+        ));
+        let admin_token = config.server.admin_token_sha256;
         let models_json = models_json(&models);
         let prompt_block_bytes = models
             .iter()
@@ -183,6 +218,9 @@ impl Generation {
             models_json,
             prompt_block_bytes,
             body_fields,
+            tenants,
+            keys,
+            admin_token,
         };
         Ok((generation, hosts))
     }
@@ -212,6 +250,17 @@ impl Generation {
             }
         }
         targets
+    }
+
+    /// Whether the main listener asks for API keys: some live tenant is configured.
+    pub fn auth_required(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The name of tenant `index` ([`NO_TENANT`] has none).
+    pub fn tenant_name(&self, index: u16) -> Option<&str> {
+        let slot = usize::from(index).checked_sub(1)?;
+        Some(self.tenants[slot].name.as_str())
     }
 
     /// Whether every live model has at least one healthy, non-ejected live backend (`/readyz`).
@@ -300,6 +349,32 @@ fn new_model(
         live: true,
     };
     Ok((entry, host))
+}
+
+/// The tenant table of a generation configuring `configured`: `previous`'s, by name (a tenant
+/// that left stays, not live; one that comes back takes its old index), new ones appended.
+fn tenants(
+    previous: Option<&Generation>,
+    configured: &[TenantConfig],
+) -> Result<Vec<Tenant>, String> {
+    let mut tenants: Vec<Tenant> = previous.map_or_else(Vec::new, |p| p.tenants.clone());
+    for tenant in &mut tenants {
+        tenant.live = false;
+    }
+    for config in configured {
+        if let Some(tenant) = tenants.iter_mut().find(|t| t.name == config.name) {
+            tenant.config = config.clone();
+            tenant.live = true;
+            continue;
+        }
+        if tenants.len() >= TENANTS_MAX {
+            return Err(format!(
+                "more than {TENANTS_MAX} tenants since start (restart to compact)"
+            ));
+        }
+        tenants.push(Tenant { name: config.name.clone(), config: config.clone(), live: true });
+    }
+    Ok(tenants)
 }
 
 /// Sets every model's session sources from its configuration and returns the body fields they
@@ -421,5 +496,57 @@ mod tests {
         assert_eq!(p.prefill_tokens_per_backend, Budget::Auto, "auto by default");
         assert_eq!(p.prefix.index_blocks, IndexSize::Auto { default_blocks: INDEX_DEFAULT_BLOCKS });
         Scheduler::new(p, 0).check_invariants();
+    }
+
+    fn tenant(name: &str, key: &[u8]) -> TenantConfig {
+        TenantConfig::new(name, vec![crate::credential::digest(key)])
+    }
+
+    /// Tenants keep their index by name across generations; only live ones' keys work.
+    #[test]
+    fn tenant_indices_are_stable_and_removed_tenants_lose_their_keys() {
+        let first = tenants(None, &[tenant("a", b"ka"), tenant("b", b"kb")]).unwrap();
+        let generation = |tenants: Vec<Tenant>| Generation {
+            keys: KeyTable::new(
+                tenants
+                    .iter()
+                    .zip(1u16..)
+                    .filter(|(t, _)| t.live)
+                    .flat_map(|(t, i)| t.config.api_key_sha256.iter().map(move |d| (*d, i))),
+            ),
+            tenants,
+            ..empty_generation()
+        };
+        let one = generation(first);
+        assert_eq!(one.keys.find(&crate::credential::digest(b"kb")), Some(2));
+        assert_eq!((one.tenant_name(0), one.tenant_name(2)), (None, Some("b")));
+        let second = tenants(Some(&one), &[tenant("c", b"kc"), tenant("b", b"kb2")]).unwrap();
+        let two = generation(second);
+        let names: Vec<(&str, bool)> =
+            two.tenants.iter().map(|t| (t.name.as_str(), t.live)).collect();
+        assert_eq!(names, [("a", false), ("b", true), ("c", true)]);
+        let find = |g: &Generation, key: &[u8]| g.keys.find(&crate::credential::digest(key));
+        assert_eq!(find(&two, b"ka"), None, "a removed tenant's key stops working");
+        assert_eq!(find(&two, b"kb"), None, "a replaced key stops working");
+        assert_eq!((find(&two, b"kb2"), find(&two, b"kc")), (Some(2), Some(3)));
+        let three = generation(tenants(Some(&two), &[tenant("a", b"ka")]).unwrap());
+        assert_eq!(find(&three, b"ka"), Some(1), "a tenant that comes back keeps its index");
+        assert!(three.auth_required() && !generation(Vec::new()).auth_required());
+    }
+
+    fn empty_generation() -> Generation {
+        Generation {
+            number: 1,
+            config: Config::with_models(Vec::new()),
+            models: Vec::new(),
+            by_name: HashMap::new(),
+            limits: Limits::default(),
+            models_json: Vec::new(),
+            prompt_block_bytes: None,
+            body_fields: Vec::new(),
+            tenants: Vec::new(),
+            keys: KeyTable::default(),
+            admin_token: None,
+        }
     }
 }

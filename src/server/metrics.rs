@@ -2,8 +2,14 @@
 //! and a store, no locked instruction), summed over shards when `/metrics` is scraped (SPEC 6:
 //! never a shared contended cache line). Scheduler-side counters and gauges come from each
 //! scheduler's [`Report`](super::report::Report), published by its host.
+//!
+//! Issue [11]: the counters of a request without a tenant (none configured) are the model's
+//! own, as before; a configured tenant's responses, admissions and times to first byte are
+//! counted in a [`TenantMetrics`] of its own per model, made by the shard at the tenant's first
+//! request for that model (so a shard holds counters only for the pairs it has seen).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Kinds of upstream failure, the `kind` label of `warmpath_upstream_errors_total`.
@@ -127,6 +133,11 @@ impl Histogram {
         into[self.bounds.len() + 1] += self.sum_us.load(Ordering::Relaxed);
     }
 
+    /// Whether nothing was observed.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.iter().all(|b| b.load(Ordering::Relaxed) == 0)
+    }
+
     /// Copies `other`'s counts (same bounds) into this one.
     fn copy_from(&self, other: &Histogram) {
         for (to, from) in self.buckets.iter().zip(other.buckets.iter()) {
@@ -167,10 +178,92 @@ pub struct ModelMetrics {
     pub upstream_errors: Box<[[AtomicU64; 5]]>,
     /// Dead pooled connections replaced by a fresh one to the same backend.
     pub pool_reconnects: AtomicU64,
+    /// Admissions of requests without a tenant by lane (`Lane as usize`), counted by the shard
+    /// that receives them (issue [11]; with no tenant configured `/metrics` reads the
+    /// scheduler's count instead, which also holds admissions whose client had just left).
+    pub admitted: [AtomicU64; 4],
+    /// Per configured tenant `t`, at `t - 1`: its counters, once it has sent a request.
+    pub tenants: Box<[OnceLock<Box<TenantMetrics>>]>,
+}
+
+/// Responses by status in a fixed table: each slot a packed word, high 16 bits the status
+/// (0 = free), low 48 bits its count; single writer. The last slot is reserved for 599, where
+/// a status beyond the table's [`StatusCounts::SLOTS`] - 1 distinct ones is counted.
+#[derive(Debug)]
+pub struct StatusCounts {
+    slots: [AtomicU64; StatusCounts::SLOTS],
+}
+
+impl StatusCounts {
+    /// Slots, the reserved one included.
+    pub const SLOTS: usize = 32;
+    const COUNT: u64 = (1 << 48) - 1;
+
+    fn new() -> StatusCounts {
+        let slots: [AtomicU64; Self::SLOTS] = std::array::from_fn(|_| AtomicU64::new(0));
+        slots[Self::SLOTS - 1].store(599 << 48, Ordering::Relaxed);
+        StatusCounts { slots }
+    }
+
+    /// Counts one response with `status` (clamped to 100..=599).
+    pub fn count(&self, status: u16) {
+        let status = u64::from(status.clamp(100, 599));
+        for slot in &self.slots {
+            let word = slot.load(Ordering::Relaxed);
+            if word >> 48 == status || word == 0 {
+                let count = (word & Self::COUNT) + 1;
+                slot.store(status << 48 | count.min(Self::COUNT), Ordering::Relaxed);
+                return;
+            }
+        }
+        add(&self.slots[Self::SLOTS - 1], 1);
+    }
+
+    /// Every status counted and its count (none counted: none listed).
+    pub fn counts(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        self.slots.iter().filter_map(|slot| {
+            let word = slot.load(Ordering::Relaxed);
+            let count = word & Self::COUNT;
+            (count > 0).then_some(((word >> 48) as u16, count))
+        })
+    }
+
+    fn copy_from(&self, other: &StatusCounts) {
+        copy(&self.slots, &other.slots);
+    }
+}
+
+/// One shard's counters for one model and one configured tenant (issue [11]).
+#[derive(Debug)]
+pub struct TenantMetrics {
+    /// Responses by status.
+    pub status: StatusCounts,
+    /// Admissions by lane.
+    pub admitted: [AtomicU64; 4],
+    /// Arrival to first response byte, as [`ModelMetrics::ttft`].
+    pub ttft: [[Histogram; 2]; TURNS],
+}
+
+impl TenantMetrics {
+    fn new() -> TenantMetrics {
+        TenantMetrics {
+            status: StatusCounts::new(),
+            admitted: Default::default(),
+            ttft: std::array::from_fn(|_| std::array::from_fn(|_| latency())),
+        }
+    }
+
+    fn copy_from(&self, other: &TenantMetrics) {
+        self.status.copy_from(&other.status);
+        copy(&self.admitted, &other.admitted);
+        for (to, from) in self.ttft.iter().flatten().zip(other.ttft.iter().flatten()) {
+            to.copy_from(from);
+        }
+    }
 }
 
 impl ModelMetrics {
-    fn new(backends: usize) -> ModelMetrics {
+    fn new(backends: usize, tenants: usize) -> ModelMetrics {
         ModelMetrics {
             status: (0..STATUS_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             duration: Histogram::new(LATENCY_BUCKETS_US),
@@ -180,7 +273,21 @@ impl ModelMetrics {
             queue_wait_by_turn: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
             upstream_errors: (0..backends).map(|_| Default::default()).collect(),
             pool_reconnects: AtomicU64::new(0),
+            admitted: Default::default(),
+            tenants: (0..tenants).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// Tenant `tenant`'s counters (from 1), made at its first use.
+    fn tenant(&self, tenant: u16) -> &TenantMetrics {
+        let slot = &self.tenants[usize::from(tenant) - 1];
+        slot.get_or_init(|| Box::new(TenantMetrics::new()))
+    }
+
+    /// Tenant `tenant`'s counters if it has any (from 1).
+    pub fn tenant_if_seen(&self, tenant: u16) -> Option<&TenantMetrics> {
+        let slot = self.tenants.get(usize::from(tenant).checked_sub(1)?)?;
+        slot.get().map(|boxed| &**boxed)
     }
 
     /// Counts a response with `status`.
@@ -225,6 +332,13 @@ impl ModelMetrics {
             std::slice::from_ref(&self.pool_reconnects),
             std::slice::from_ref(&other.pool_reconnects),
         );
+        copy(&self.admitted, &other.admitted);
+        for (to, from) in self.tenants.iter().zip(other.tenants.iter()) {
+            if let Some(from) = from.get() {
+                let made = to.get_or_init(|| Box::new(TenantMetrics::new()));
+                made.copy_from(from);
+            }
+        }
     }
 }
 
@@ -254,10 +368,10 @@ pub struct ShardMetrics {
 }
 
 impl ShardMetrics {
-    /// Counters for models with `backends[i]` backends each.
-    pub fn new(backends: &[usize]) -> ShardMetrics {
+    /// Counters for models with `backends[i]` backends each, and `tenants` configured tenants.
+    pub fn new(backends: &[usize], tenants: usize) -> ShardMetrics {
         ShardMetrics {
-            models: backends.iter().map(|&n| ModelMetrics::new(n)).collect(),
+            models: backends.iter().map(|&n| ModelMetrics::new(n, tenants)).collect(),
             other_status: (0..STATUS_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -270,7 +384,7 @@ impl ShardMetrics {
     /// Counters for every model and backend of `generation`.
     pub fn for_generation(generation: &super::Generation) -> ShardMetrics {
         let backends: Vec<usize> = generation.models.iter().map(|m| m.backends.len()).collect();
-        ShardMetrics::new(&backends)
+        ShardMetrics::new(&backends, generation.tenants.len())
     }
 
     /// A copy of these counters with room for every model and backend of `generation` (whose
@@ -295,6 +409,35 @@ impl ShardMetrics {
             to.store(value, Ordering::Relaxed);
         }
         grown
+    }
+
+    /// Counts a response with `status` to a request of `model` from `tenant` (0: none).
+    pub fn count_status(&self, model: u16, tenant: u16, status: u16) {
+        let model = &self.models[usize::from(model)];
+        match tenant {
+            0 => model.count_status(status),
+            _ => model.tenant(tenant).status.count(status),
+        }
+    }
+
+    /// Counts an admission of a request of `model` from `tenant` (0: none) from `lane`
+    /// (`Lane as usize`).
+    pub fn count_admitted(&self, model: u16, tenant: u16, lane: usize) {
+        let model = &self.models[usize::from(model)];
+        match tenant {
+            0 => add(&model.admitted[lane], 1),
+            _ => add(&model.tenant(tenant).admitted[lane], 1),
+        }
+    }
+
+    /// Records a time to first response byte of a request of `model` from `tenant` (0: none)
+    /// admitted with `turn` (a bucket) and `warm` (issue \[10\]).
+    pub fn observe_ttft(&self, model: u16, tenant: u16, turn: usize, warm: bool, value: Duration) {
+        let model = &self.models[usize::from(model)];
+        match tenant {
+            0 => model.observe_ttft(turn, warm, value),
+            _ => model.tenant(tenant).ttft[turn][usize::from(warm)].observe(value),
+        }
     }
 
     /// Counts a router answer not attributed to a model.
@@ -337,13 +480,15 @@ mod tests {
 
     #[test]
     fn grown_counters_keep_their_values() {
-        let m = ShardMetrics::new(&[1]);
+        let m = ShardMetrics::new(&[1], 2);
         m.models[0].count_status(200);
+        m.count_status(0, 2, 429);
+        m.count_admitted(0, 2, 3);
         m.models[0].count_upstream_error(0, UpstreamError::Reset);
         m.models[0].ttfb.observe(Duration::from_millis(3));
         ShardMetrics::bump(&m.accepted);
         let grown = {
-            let bigger = ShardMetrics::new(&[2, 1]);
+            let bigger = ShardMetrics::new(&[2, 1], 3);
             for (to, from) in bigger.models.iter().zip(m.models.iter()) {
                 to.copy_from(from);
             }
@@ -352,14 +497,53 @@ mod tests {
         assert_eq!(grown.models[0].status[200].load(Ordering::Relaxed), 1);
         assert_eq!(grown.models[0].upstream_errors[0][1].load(Ordering::Relaxed), 1);
         assert_eq!(grown.models[0].upstream_errors.len(), 2);
+        let tenant = grown.models[0].tenant_if_seen(2).expect("tenant 2's counters are copied");
+        assert_eq!(tenant.status.counts().collect::<Vec<_>>(), [(429, 1)]);
+        assert_eq!(tenant.admitted[3].load(Ordering::Relaxed), 1);
+        assert!(grown.models[0].tenant_if_seen(1).is_none() && grown.models[0].tenants.len() == 3);
         let mut sums = vec![0; LATENCY_BUCKETS_US.len() + 2];
         grown.models[0].ttfb.sum_into(&mut sums);
         assert_eq!(sums.iter().take(LATENCY_BUCKETS_US.len() + 1).sum::<u64>(), 1);
     }
 
     #[test]
+    fn a_tenant_counts_its_own_and_leaves_the_model_s_alone() {
+        let m = ShardMetrics::new(&[1], 1);
+        m.count_status(0, 0, 200);
+        m.count_status(0, 1, 200);
+        m.count_status(0, 1, 200);
+        m.observe_ttft(0, 1, 2, true, Duration::from_millis(2));
+        m.count_admitted(0, 0, 1);
+        assert_eq!(m.models[0].status[200].load(Ordering::Relaxed), 1);
+        assert_eq!(m.models[0].admitted[1].load(Ordering::Relaxed), 1);
+        let tenant = m.models[0].tenant_if_seen(1).unwrap();
+        assert_eq!(tenant.status.counts().collect::<Vec<_>>(), [(200, 2)]);
+        let mut sums = vec![0; LATENCY_BUCKETS_US.len() + 2];
+        tenant.ttft[2][1].sum_into(&mut sums);
+        assert_eq!(sums[1], 1, "2 ms falls in the 2.5 ms bucket");
+        assert!(m.models[0].tenant_if_seen(0).is_none() && m.models[0].tenant_if_seen(2).is_none());
+    }
+
+    #[test]
+    fn status_tables_overflow_into_599() {
+        let counts = StatusCounts::new();
+        assert_eq!(counts.counts().count(), 0, "the reserved slot lists nothing until used");
+        for status in 200..200 + StatusCounts::SLOTS as u16 {
+            counts.count(status);
+        }
+        counts.count(200);
+        counts.count(1000);
+        let seen: Vec<(u16, u64)> = counts.counts().collect();
+        assert_eq!(seen.len(), StatusCounts::SLOTS);
+        assert_eq!(seen[0], (200, 2));
+        assert_eq!(seen[StatusCounts::SLOTS - 2], (230, 1));
+        // 231 found no free slot; 1000 is clamped to 599.
+        assert_eq!(seen[StatusCounts::SLOTS - 1], (599, 2));
+    }
+
+    #[test]
     fn statuses_are_clamped_into_the_array() {
-        let m = ShardMetrics::new(&[1]);
+        let m = ShardMetrics::new(&[1], 0);
         m.models[0].count_status(200);
         m.models[0].count_status(999);
         m.count_other_status(404);

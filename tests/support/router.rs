@@ -29,6 +29,8 @@ pub struct Setup {
     queue: BTreeMap<String, String>,
     upstream: BTreeMap<String, String>,
     models: Vec<Model>,
+    /// `[[tenant]]` tables: a name and the digests of its keys, in hex.
+    tenants: Vec<(String, Vec<String>)>,
 }
 
 impl Default for Setup {
@@ -45,6 +47,7 @@ impl Setup {
             queue: BTreeMap::new(),
             upstream: BTreeMap::new(),
             models: Vec::new(),
+            tenants: Vec::new(),
         };
         setup = setup
             .server("listen", "127.0.0.1:0")
@@ -84,6 +87,19 @@ impl Setup {
         self
     }
 
+    /// A `[[tenant]]` whose API keys are `keys` (the tokens; the table lists their digests).
+    pub fn tenant(mut self, name: &str, keys: &[&str]) -> Setup {
+        let digests = keys.iter().map(|key| digest_hex(key)).collect();
+        self.tenants.push((name.to_owned(), digests));
+        self
+    }
+
+    /// `server.admin_token_sha256` for the admin token `token`.
+    pub fn admin_token(self, token: &str) -> Setup {
+        let digest = digest_hex(token);
+        self.server("admin_token_sha256", &digest)
+    }
+
     /// A key of the last model added (`engine`, `routing`, `upstream_model`).
     pub fn model_key(mut self, key: &str, value: &str) -> Setup {
         let model = self.models.last_mut().expect("add a model first");
@@ -102,6 +118,11 @@ impl Setup {
                 let _ = writeln!(text, "{key} = {value}");
             }
             text.push('\n');
+        }
+        for (name, digests) in &self.tenants {
+            let digests: Vec<String> = digests.iter().map(|d| format!("{d:?}")).collect();
+            let _ = writeln!(text, "[[tenant]]\nname = {name:?}");
+            let _ = writeln!(text, "api_key_sha256 = [{}]\n", digests.join(", "));
         }
         for model in &self.models {
             let backends: Vec<String> = model.backends.iter().map(|b| format!("{b:?}")).collect();
@@ -147,6 +168,11 @@ impl Setup {
         let (addr, admin) = (running.addr(), running.admin_addr());
         Router { running: Some(running), addr, admin }
     }
+}
+
+/// The SHA-256 of `token` in hex, as a configuration lists it.
+pub fn digest_hex(token: &str) -> String {
+    warmpath::credential::hex(&warmpath::credential::digest(token.as_bytes()))
 }
 
 /// `value` as a TOML value: numbers, booleans and arrays as they are, anything else quoted.

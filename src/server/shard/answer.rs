@@ -21,12 +21,29 @@ pub(super) struct AnswerTo {
 
 /// Appends an OpenAI-shaped JSON error answer framed for `to`.
 pub(super) fn write_router_error(wbuf: &mut Vec<u8>, answer: ErrorAnswer<'_>, to: AnswerTo) {
+    write_router_error_with(wbuf, answer, to, None);
+}
+
+/// The challenge of a 401 from the main listener (RFC 6750 3).
+pub(super) const BEARER_CHALLENGE: (&str, &[u8]) = ("WWW-Authenticate", b"Bearer");
+
+/// [`write_router_error`] with one more header line.
+pub(super) fn write_router_error_with(
+    wbuf: &mut Vec<u8>,
+    answer: ErrorAnswer<'_>,
+    to: AnswerTo,
+    extra: Option<(&str, &[u8])>,
+) {
     let (status, code, message) = answer;
     let start = wbuf.len();
-    match connection_header(to.version, to.keep_alive) {
-        Some(h) => write_error(status, code, message, wbuf, &[h]),
-        None => write_error(status, code, message, wbuf, &[]),
+    let headers = [connection_header(to.version, to.keep_alive), extra];
+    let mut lines: [(&str, &[u8]); 2] = [("", b""); 2];
+    let mut n = 0;
+    for header in headers.into_iter().flatten() {
+        lines[n] = header;
+        n += 1;
     }
+    write_error(status, code, message, wbuf, &lines[..n]);
     if to.head {
         // RFC 9110 9.3.2: no content in an answer to HEAD (its Content-Length stays).
         let head_end = wbuf[start..].windows(4).position(|w| w == b"\r\n\r\n");

@@ -27,10 +27,12 @@ use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::tracker::turn_bucket;
 use crate::scheduler::{Arrival, Input, Output, RequestId, Usage};
 use crate::server::access_log::{self, Outcome, ShardLog};
-use crate::server::generation::{Generation, Model, SessionSource};
+use crate::server::generation::{Generation, Model, SessionSource, NO_TENANT};
 use crate::server::metrics::ShardMetrics;
 
 use super::answer::{rejection, write_json, write_router_error, AnswerTo, ErrorAnswer};
+use super::answer::{write_router_error_with, BEARER_CHALLENGE};
+use super::auth;
 use super::connection::{discard_unread, read_away, Client, Phase};
 use super::request::{
     format_request_id, hash_session, session_value, Admission, Request, Requests, Session,
@@ -389,8 +391,9 @@ impl Clients {
         }
     }
 
-    /// A request's head is parsed: it takes the connection's request slot and waits for its
-    /// body (answering `100 Continue` when asked).
+    /// A request's head is parsed: it takes the connection's request slot, shows its API key
+    /// when tenants are configured (issue [11]), and waits for its body (answering
+    /// `100 Continue` when asked).
     fn begin(
         &mut self,
         key: usize,
@@ -403,7 +406,18 @@ impl Clients {
         let decoder = (head.framing == Framing::Chunked)
             .then(|| ChunkedDecoder::new(cx.gen.limits.chunked(), Side::Downstream));
         let c = &mut self.conns[key];
-        c.req = Some(self.requests.start(head, decoder, now));
+        let slot = self.requests.start(head, decoder, now);
+        c.req = Some(slot);
+        if cx.gen.auth_required() {
+            let req = &mut self.requests[slot];
+            if auth::needs_key(req.head.path(&c.rbuf)) {
+                match auth::authenticate(&req.head, &c.rbuf, &cx.gen.keys) {
+                    Ok(tenant) => req.tenant = tenant,
+                    Err(error) => return self.unauthorized(key, error, upstreams, cx),
+                }
+            }
+        }
+        let c = &mut self.conns[key];
         c.phase = Phase::Body;
         if expect {
             c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
@@ -563,6 +577,8 @@ impl Clients {
         self.serial += 1;
         let id = RequestId::new(cx.shard, self.serial << KEY_BITS | key as u64);
         let prompt = self.prompt_slot(key, model, cx);
+        // Issue [11]: the request's tenant (`Request::tenant`, 0 = none) is what the fair-share
+        // scheduler's `Arrival::tenant` takes; this is the one place an `Arrival` is built.
         let arrival = Arrival {
             id,
             session,
@@ -633,6 +649,7 @@ impl Clients {
                 }
                 req.admission = Some(Admission { backend, lane, waited, turn, warm });
                 if let Some(m) = model {
+                    cx.metrics.count_admitted(m, req.tenant, lane as usize);
                     let wait = cx.rate.duration(waited);
                     let metrics = &cx.metrics.models[usize::from(m)];
                     metrics.queue_wait[lane as usize].observe(wait);
@@ -661,6 +678,25 @@ impl Clients {
         let to = self.answer_to(key, cx);
         write_router_error(&mut self.conns[key].wbuf, answer, to);
         self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
+    }
+
+    /// A 401 `invalid_api_key` with `WWW-Authenticate: Bearer` (issue [11]), from the head
+    /// alone: a request with a body closes the connection after it, as its body is not read.
+    fn unauthorized(
+        &mut self,
+        key: usize,
+        error: crate::credential::AuthError,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        let c = &mut self.conns[key];
+        let req = &self.requests[c.req.expect("a request")];
+        c.closing |= req.head.framing != Framing::None;
+        let message = auth::message(error, &req.head, &c.rbuf);
+        let to = self.answer_to(key, cx);
+        let answer = (401, "invalid_api_key", message);
+        write_router_error_with(&mut self.conns[key].wbuf, answer, to, Some(BEARER_CHALLENGE));
+        self.finish_response(key, 401, to.keep_alive, None, upstreams, cx);
     }
 
     /// How an answer of the router's own to the request on `key` is framed: its client's
@@ -713,11 +749,14 @@ impl Clients {
         upstreams: &mut Upstreams,
         cx: &mut Cx,
     ) {
+        let c = &mut self.conns[key];
         match model {
-            Some(m) => cx.metrics.models[usize::from(m)].count_status(status),
+            Some(m) => {
+                let tenant = c.req.map_or(NO_TENANT, |slot| self.requests[slot].tenant);
+                cx.metrics.count_status(m, tenant, status);
+            }
             None => cx.metrics.count_other_status(status),
         }
-        let c = &mut self.conns[key];
         match c.req {
             Some(slot) => {
                 let req = &mut self.requests[slot];
@@ -935,6 +974,7 @@ impl Clients {
             method: req.head.method(&c.rbuf),
             path: req.head.path(&c.rbuf),
             model: model.map(|m| m.name.as_str()),
+            tenant: gen.tenant_name(req.tenant),
             session,
             session_source,
             backend: model

@@ -4,7 +4,8 @@
 //!   close: reading requests (parsed by `protocol`), routing them, queueing them, answering and
 //!   ending them, and their access-log lines; a connection and its socket I/O
 //!   (`connection.rs`), the router's answers as bytes (`answer.rs`), each request's state in a
-//!   reused slot (`request.rs`);
+//!   reused slot (`request.rs`), which routes need an API key and the tenant it names
+//!   (`auth.rs`);
 //! - [`Upstreams`] (`upstream.rs`): the upstream connections and their keep-alive pools:
 //!   forwarding admitted requests, relaying responses, retries;
 //! - the scheduler side (`schedulers.rs`): [`Inputs`], what the shard sends to the models'
@@ -58,6 +59,7 @@ use super::metrics::ShardMetrics;
 use super::{Generation, ShardHost, ShardRing, Shared};
 
 mod answer;
+mod auth;
 mod client;
 mod connection;
 mod request;

@@ -72,6 +72,10 @@ pub(super) struct Request {
     pub(super) head: RequestHead,
     pub(super) id: RequestId,
     pub(super) model: Option<u16>,
+    /// Issue [11]: the tenant its API key names, from 1 (`generation::Tenant` at index - 1);
+    /// [`NO_TENANT`](crate::server::generation::NO_TENANT) when no tenant is configured or the
+    /// route needs no key.
+    pub(super) tenant: u16,
     /// Chunked body decoder and the decoded body.
     pub(super) decoder: Option<ChunkedDecoder>,
     pub(super) decoded: Vec<u8>,
@@ -120,6 +124,7 @@ impl Request {
             head,
             id: RequestId(0),
             model: None,
+            tenant: crate::server::generation::NO_TENANT,
             decoder,
             decoded,
             raw_len,

@@ -143,7 +143,7 @@ impl Upstream {
             // Issue [10]: the head is an unstreamed response's first byte (a streamed one's
             // is its first body byte, below).
             let ttft = cx.rate.duration(cx.now().saturating_sub(req.started));
-            cx.metrics.models[model].observe_ttft(admission.turn, admission.warm, ttft);
+            cx.metrics.observe_ttft(self.model, req.tenant, admission.turn, admission.warm, ttft);
         }
         let mut wait = [0u8; 20];
         let wait = crate::protocol::decimal(
@@ -169,7 +169,7 @@ impl Upstream {
         if let Some(timer) = self.timer.take() {
             cx.wheel.cancel(timer);
         }
-        cx.metrics.models[model].count_status(head.status);
+        cx.metrics.count_status(self.model, req.tenant, head.status);
         HeadRelay::Relayed(head.head_len)
     }
 }
@@ -281,6 +281,8 @@ impl Upstreams {
             request_id,
             default_host: backend.authority.as_bytes(),
             body_len: body_len as u64,
+            // Issue [11]: a tenant's key is the router's business, not the engine's.
+            strip_authorization: req.tenant != crate::server::generation::NO_TENANT,
         };
         write_upstream_head(&req.head, &c.rbuf, &mut head, &info);
         let was_head = req.is_head(&c.rbuf);
@@ -602,7 +604,7 @@ impl Upstreams {
         if first_byte {
             if let Some(a) = req.admission {
                 let ttft = cx.rate.duration(cx.now().saturating_sub(req.started));
-                cx.metrics.models[usize::from(model)].observe_ttft(a.turn, a.warm, ttft);
+                cx.metrics.observe_ttft(model, req.tenant, a.turn, a.warm, ttft);
             }
             cx.send(model, Input::FirstByte(id));
         }

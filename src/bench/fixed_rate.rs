@@ -168,10 +168,8 @@ pub fn run_fixed_rate(target: &str, plan: &FixedRate) -> io::Result<RateResult> 
     let warm = pool.warm(plan.connections, WARM_LIMIT)?;
     let mut notes = Vec::new();
     if warm < plan.connections {
-        notes.push(format!(
-            "{warm} of {} connections connected before the start",
-            plan.connections
-        ));
+        notes
+            .push(format!("{warm} of {} connections connected before the start", plan.connections));
     }
     let rate = clock.rate();
     let start = clock.now();
@@ -399,6 +397,9 @@ mod tests {
         );
         let streamed: serde_json::Value =
             serde_json::from_slice(&small_body("a\"b", true)).expect("JSON");
-        assert_eq!((streamed["model"].as_str(), streamed["stream"].as_bool()), (Some("a\"b"), Some(true)));
+        assert_eq!(
+            (streamed["model"].as_str(), streamed["stream"].as_bool()),
+            (Some("a\"b"), Some(true))
+        );
     }
 }

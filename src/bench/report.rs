@@ -640,10 +640,9 @@ impl RateResult {
 
 fn tail_cell(t: Option<Tail>) -> String {
     match t {
-        Some(t) => format!(
-            "{:>7.1} {:>7.1} {:>7.1} {:>8.1} {:>8.1}",
-            t.p50, t.p90, t.p99, t.p999, t.max
-        ),
+        Some(t) => {
+            format!("{:>7.1} {:>7.1} {:>7.1} {:>8.1} {:>8.1}", t.p50, t.p90, t.p99, t.p999, t.max)
+        }
         None => format!("{:>7} {:>7} {:>7} {:>8} {:>8}", "-", "-", "-", "-", "-"),
     }
 }
@@ -656,8 +655,8 @@ pub fn rate_table(results: &[RateResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:<9} {:>8} | {:^41}",
-        "label", "measure", "n", "us p50 p90 p99 p99.9 max"
+        "{:<16} {:<9} {:>8} | {:>7} {:>7} {:>7} {:>8} {:>8}  (us)",
+        "label", "measure", "n", "p50", "p90", "p99", "p99.9", "max"
     );
     for r in results {
         let mut rows = vec![("latency", r.ok, r.latency_us)];

@@ -465,3 +465,245 @@ fn against_the_simulated_engine_follow_ups_hit_the_prefix_cache() {
     assert!(follow < first, "follow-up TTFT p50 {follow} ms, first turns {first} ms");
     eprintln!("{}", bench::table(std::slice::from_ref(&result)));
 }
+
+// --- fixed-rate: the paced, open-loop generator -------------------------------------------
+
+/// A fake non-streaming chat server for paced runs: one thread per connection, each request
+/// numbered in arrival order; `answer(n)` gives the status of request `n` and how long to hold
+/// its response (a hold stalls that connection only).
+struct Paced {
+    url: String,
+    arrivals: Arc<Mutex<Vec<Tick>>>,
+}
+
+type Answer = fn(usize) -> (u16, Duration);
+
+impl Paced {
+    fn start(answer: Answer) -> Paced {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let a = Arc::clone(&arrivals);
+        let clock = Clock::real();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (a, clock) = (Arc::clone(&a), clock.clone());
+                thread::spawn(move || serve_paced(stream, &clock, &a, answer));
+            }
+        });
+        Paced { url, arrivals }
+    }
+
+    fn arrivals(&self) -> Vec<Tick> {
+        self.arrivals.lock().expect("lock").clone()
+    }
+}
+
+fn serve_paced(stream: TcpStream, clock: &Clock, arrivals: &Mutex<Vec<Tick>>, answer: Answer) {
+    stream.set_nodelay(true).expect("nodelay");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut out = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        assert!(line.starts_with("POST /v1/chat/completions "), "{line}");
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            match line.trim_end().split_once(':') {
+                Some((name, value)) if name.eq_ignore_ascii_case("content-length") => {
+                    length = value.trim().parse().expect("a length");
+                }
+                None => break,
+                _ => {}
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).expect("body");
+        let n = {
+            let mut a = arrivals.lock().expect("lock");
+            a.push(clock.now());
+            a.len() - 1
+        };
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
+        assert_eq!(json["model"], "m");
+        let (status, hold) = answer(n);
+        thread::sleep(hold);
+        let text = r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}"#;
+        let response =
+            format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{text}", text.len());
+        if out.write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn paced(rate: f64, duration_ms: u64, connections: usize, max: usize) -> bench::FixedRate {
+    bench::FixedRate {
+        rate,
+        duration: Duration::from_millis(duration_ms),
+        arrivals: bench::Arrivals::Constant,
+        seed: 1,
+        connections,
+        connections_max: max,
+        body: bench::fixed_rate::small_body("m", false),
+        request_timeout: Duration::from_secs(5),
+        label: "paced".into(),
+    }
+}
+
+const MS: u64 = 1_000_000;
+
+/// Sends go out at their intended times: as many as rate × duration, spread evenly over the
+/// window as the server sees them. Tolerances are for a loaded 2-core machine: the median gap
+/// between arrivals within 20 % of the interval (a descheduled generator sends a burst, which
+/// moves a few gaps, not the median), the generator's median send lag under 1 ms.
+#[test]
+fn paced_sends_are_at_their_intended_times() {
+    let server = Paced::start(|_| (200, Duration::ZERO));
+    let result = bench::run_fixed_rate(&server.url, &paced(400.0, 1000, 4, 64)).expect("runs");
+    assert_eq!((result.planned, result.sent, result.ok), (400, 400, 400), "{:?}", result.errors);
+    assert_eq!(result.late, 0);
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 400);
+    let rate = Clock::real().rate();
+    let mut gaps: Vec<Duration> = arrivals.windows(2).map(|w| rate.duration(w[1] - w[0])).collect();
+    gaps.sort();
+    let median = gaps[gaps.len() / 2];
+    assert!(
+        median.abs_diff(Duration::from_micros(2500)) < Duration::from_micros(500),
+        "{median:?}"
+    );
+    let span = rate.duration(arrivals[399] - arrivals[0]);
+    assert!(span.abs_diff(Duration::from_micros(997_500)) < Duration::from_millis(50), "{span:?}");
+    let lag = result.send_lag_us.expect("sends were made");
+    assert!(lag.p50 < 1000.0, "send lag {lag:?}");
+    let latency = result.latency_us.expect("latencies");
+    assert!(latency.p50 <= latency.p999 && latency.p999 <= latency.max);
+    assert!(result.samples.iter().all(|s| s.lag_ns.is_some_and(|l| s.latency_ns >= l)));
+    assert!((result.sent_per_s - 400.0).abs() < 40.0, "{}", result.sent_per_s);
+
+    let poisson =
+        bench::FixedRate { arrivals: bench::Arrivals::Poisson, ..paced(400.0, 500, 4, 64) };
+    let expected = poisson.offsets().len() as u64;
+    let result = bench::run_fixed_rate(&server.url, &poisson).expect("runs");
+    assert_eq!((result.arrivals, result.planned, result.ok), ("poisson", expected, expected));
+}
+
+/// The coordinated-omission check: one connection, and the server holds one response for
+/// 250 ms. The sends due meanwhile wait for the connection (late), go out afterwards, and
+/// their latency, measured from their intended time, carries the wait: the stall shows as
+/// latency growing with it, not as fewer requests. Their service time (what a closed-loop tool
+/// measures) stays short.
+#[test]
+fn a_stalled_server_shows_as_latency_not_as_fewer_sends() {
+    let server = Paced::start(|n| (200, Duration::from_millis(if n == 20 { 250 } else { 0 })));
+    let result = bench::run_fixed_rate(&server.url, &paced(200.0, 1000, 1, 1)).expect("runs");
+    assert_eq!((result.planned, result.sent, result.ok), (200, 200, 200), "{:?}", result.errors);
+    assert_eq!(server.arrivals().len(), 200);
+    // 50 sends are due during the hold; each found the only connection busy.
+    assert!(result.late >= 40, "late {}", result.late);
+    let slow: Vec<_> = result.samples.iter().filter(|s| s.latency_ns >= 100 * MS).collect();
+    // Those due in the first 150 ms of the hold (about 30) waited at least 100 ms.
+    assert!(slow.len() >= 25, "{} requests over 100 ms", slow.len());
+    let mut service: Vec<u64> =
+        slow.iter().filter(|s| s.waited).filter_map(|s| s.service_ns).collect();
+    service.sort_unstable();
+    assert!(service[service.len() / 2] < 50 * MS, "waited requests' service {:?}", &service[..5]);
+    let tail = result.latency_us.expect("latencies");
+    assert!(tail.max >= 250_000.0 && result.service_us.expect("service").p50 < 50_000.0);
+}
+
+/// The same stall with a pool: the generator sends the next requests on other connections, on
+/// time; only the held request is slow.
+#[test]
+fn a_slow_response_does_not_delay_the_next_send() {
+    let server = Paced::start(|n| (200, Duration::from_millis(if n == 20 { 250 } else { 0 })));
+    let result = bench::run_fixed_rate(&server.url, &paced(200.0, 1000, 2, 64)).expect("runs");
+    assert_eq!((result.sent, result.ok, result.late), (200, 200, 0), "{:?}", result.errors);
+    let mut by_latency = result.samples.clone();
+    by_latency.sort_by_key(|s| std::cmp::Reverse(s.latency_ns));
+    assert!(by_latency[0].latency_ns >= 250 * MS, "{:?}", by_latency[0]);
+    // The requests due right after the held one went out on time (a 50 ms margin).
+    let held = by_latency[0].offset_ns;
+    let next: Vec<_> = result
+        .samples
+        .iter()
+        .filter(|s| s.offset_ns > held && s.offset_ns <= held + 100 * MS)
+        .collect();
+    assert_eq!(next.len(), 20);
+    assert!(next.iter().all(|s| s.lag_ns.is_some_and(|l| l < 50 * MS)), "{next:?}");
+    assert!(result.latency_us.expect("latencies").p50 < 50_000.0);
+}
+
+#[test]
+fn paced_errors_are_counted_by_status_and_kind() {
+    let server = Paced::start(|n| (if n % 4 == 3 { 500 } else { 200 }, Duration::ZERO));
+    let result = bench::run_fixed_rate(&server.url, &paced(400.0, 500, 2, 64)).expect("runs");
+    assert_eq!((result.planned, result.ok), (200, 150));
+    assert_eq!(result.errors.get("500"), Some(&50));
+    assert!(bench::rate_table(std::slice::from_ref(&result)).contains("errors: 500: 50"));
+
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    drop(listener);
+    let result = bench::run_fixed_rate(&url, &paced(200.0, 250, 2, 8)).expect("runs");
+    assert_eq!((result.planned, result.sent, result.ok), (50, 0, 0));
+    assert_eq!(result.errors.get("io"), Some(&50));
+    assert!(result.notes.iter().any(|n| n.contains("0 of 2 connections")), "{:?}", result.notes);
+}
+
+/// The binary: a paced run prints its table and writes its JSON; bad arguments exit 2.
+#[test]
+fn binary_runs_fixed_rate_and_refuses_bad_arguments() {
+    let server = Paced::start(|_| (200, Duration::ZERO));
+    let fake = Fake { url: server.url.clone(), clock: Clock::real(), seen: Arc::default() };
+    let base = ["--workload", "fixed-rate", "--model", "m", "--label", "paced-cli"];
+    let output =
+        bench_binary(&fake, None, &[&base[..], &["--rate", "200", "--duration", "500ms"]].concat());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("send lag") && stdout.contains("100 of 100 sent"), "{stdout}");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-binary");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("paced-cli.json")).expect("json written"))
+            .expect("valid JSON");
+    assert_eq!((json["planned"].as_u64(), json["ok"].as_u64()), (Some(100), Some(100)));
+    assert!(json["latency_us"]["p999"].as_f64().is_some_and(|p| p > 0.0), "{json}");
+    assert!(json.get("samples").is_none());
+    assert_eq!(server.arrivals().len(), 100);
+
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("paced-body.json");
+    std::fs::write(&file, br#"{"model":"m","messages":[]}"#).expect("write");
+    let file = file.to_str().expect("utf-8");
+    for bad in [
+        &["--rate", "0"][..],
+        &["--rate", "nan"],
+        &["--connections", "0"],
+        &["--connections", "300"],
+        &["--duration", "0s"],
+        &["--rate", "1000000", "--duration", "60s"],
+        &["--body", "/nonexistent/body.json"],
+        &["--body", file, "--stream"],
+        &["--arrivals", "bursty"],
+    ] {
+        let output = bench_binary(&fake, None, &[&base[..], bad].concat());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains("error"), "{bad:?}: {stderr}");
+    }
+    assert_eq!(server.arrivals().len(), 100, "a refused run sent nothing");
+    let output = bench_binary(
+        &fake,
+        None,
+        &[&base[..], &["--body", file, "--rate", "100", "--duration", "100ms"]].concat(),
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(server.arrivals().len(), 110);
+}

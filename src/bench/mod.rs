@@ -12,9 +12,14 @@
 //!   time-compressed.
 //! - [`client`]: the load generator: one thread, one mio loop, keep-alive connections,
 //!   streaming chat completions; follow-ups wait for their predecessor and their think time.
+//! - [`fixed_rate`]: the `fixed-rate` workload: one small request sent at exact intended
+//!   times (constant or Poisson), open loop, latency measured from the intended time
+//!   (coordinated omission corrected), the generator's send lag reported.
+//! - [`pool`]: the keep-alive connections and response parsing both drivers share.
 //! - [`engines`]: the engines' prefix-cache counters from their `/metrics`.
 //! - [`report`]: nearest-rank p50/p90/p99 of TTFT, inter-token and end-to-end latency for first
-//!   turns and follow-ups, throughput, errors by status; a table, JSON and SVG plots.
+//!   turns and follow-ups, throughput, errors by status; a table, JSON and SVG plots; for
+//!   paced runs p50/p90/p99/p99.9/max in microseconds.
 //!
 //! Decisions (where SPEC 8 is silent):
 //! - Tokens are words: a trace token becomes one whitespace-separated word (the simulated
@@ -34,7 +39,9 @@
 
 pub mod client;
 pub mod engines;
+pub mod fixed_rate;
 pub mod load;
+mod pool;
 pub mod report;
 pub mod synthetic;
 pub mod trace;
@@ -50,7 +57,11 @@ use crate::clock::Clock;
 use crate::config::duration::parse_duration;
 
 pub use client::Target;
-pub use report::{plot_ttft, table, write_json, write_report, BenchResult, Percentiles, Sample};
+pub use fixed_rate::{run_fixed_rate, Arrivals, FixedRate};
+pub use report::{
+    plot_ttft, rate_table, table, write_json, write_report, BenchResult, Percentiles, RateResult,
+    RateSample, Sample, Tail,
+};
 pub use synthetic::MultiTurn;
 pub use workload::{Message, Prompt, Session, Turn, Workload};
 
@@ -63,6 +74,9 @@ pub enum WorkloadKind {
     Mooncake,
     /// A replay of the RAGPulse trace.
     Ragpulse,
+    /// One small chat request at `--rate` per second for `--duration`, open loop (paced:
+    /// latency from each request's intended send time).
+    FixedRate,
 }
 
 /// Arguments of `warmpath bench`.
@@ -100,15 +114,32 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FACTOR", default_value_t = 1.0, requires = "load")]
     pub sim_scale: f64,
     /// Only requests starting within this time (e.g. `60s`); for multiturn the window over
-    /// which sessions arrive [default: 30s for multiturn, the whole trace otherwise].
+    /// which sessions arrive, for fixed-rate the window of send times [default: 30s for
+    /// multiturn, 10s for fixed-rate, the whole trace otherwise].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// At most this many requests (the earliest).
     #[arg(long, value_name = "N")]
     pub max_requests: Option<usize>,
-    /// multiturn: new sessions per second.
+    /// multiturn: new sessions per second; fixed-rate: requests per second.
     #[arg(long, default_value_t = 2.0)]
     pub rate: f64,
+    /// fixed-rate: send times evenly spaced (`constant`) or a Poisson process (`poisson`,
+    /// seeded by `--seed`).
+    #[arg(long, value_enum, default_value = "constant")]
+    pub arrivals: Arrivals,
+    /// fixed-rate: keep-alive connections opened before the first send; a send finding them
+    /// all busy opens another, up to `--max-inflight`, and beyond that waits (a late send).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub connections: usize,
+    /// fixed-rate: the request body: `small` (perf/proxy_compare.sh's small chat request,
+    /// with `--model`) or a file sent as is.
+    #[arg(long, value_name = "small|FILE", default_value = "small")]
+    pub body: String,
+    /// fixed-rate: with `--body small`, ask for a streamed response (`"stream": true`); TTFB
+    /// is reported.
+    #[arg(long)]
+    pub stream: bool,
     /// multiturn: turns per session.
     #[arg(long, default_value_t = 4)]
     pub turns: u32,
@@ -143,7 +174,7 @@ pub struct BenchArgs {
     /// Label of this run in the table, file names and plots [default: the workload's name].
     #[arg(long)]
     pub label: Option<String>,
-    /// Requests in flight at most.
+    /// Requests in flight at most (fixed-rate: connections open at most).
     #[arg(long, default_value_t = 256)]
     pub max_inflight: usize,
     /// A request not finished after this long fails as `timeout`.
@@ -283,6 +314,12 @@ pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
             let scale = if args.load.is_some() { 1.0 } else { args.time_scale.unwrap_or(1000.0) };
             trace::ragpulse(&rows, scale)
         }
+        WorkloadKind::FixedRate => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "fixed-rate sends no sessions: see bench::fixed_rate_plan",
+            ))
+        }
     };
     if let Some(target) = args.load {
         let profiles = args
@@ -322,7 +359,9 @@ fn check(args: &BenchArgs) -> Result<(), String> {
         _ if args.load.is_some() && args.engine_profiles.is_empty() => {
             Err("--load needs --engine-profile, once per engine behind the target".into())
         }
-        _ if args.load.is_some() && args.workload == WorkloadKind::Multiturn => {
+        _ if args.load.is_some()
+            && matches!(args.workload, WorkloadKind::Multiturn | WorkloadKind::FixedRate) =>
+        {
             Err("--load applies to trace replays (mooncake, ragpulse)".into())
         }
         _ if !(args.sim_scale.is_finite() && args.sim_scale > 0.0) => {
@@ -335,13 +374,96 @@ fn check(args: &BenchArgs) -> Result<(), String> {
     }
 }
 
+/// Requests a paced run may plan at most (`--rate` × `--duration`): its samples are kept in
+/// memory, about 80 bytes each.
+pub const FIXED_RATE_REQUESTS_MAX: f64 = 10_000_000.0;
+
+/// The paced run `args` describe (`--workload fixed-rate`); `Err` names a bad argument.
+pub fn fixed_rate_plan(args: &BenchArgs) -> Result<FixedRate, String> {
+    let duration = args.duration.unwrap_or(Duration::from_secs(10));
+    let body = match args.body.as_str() {
+        "small" => fixed_rate::small_body(&args.model, args.stream),
+        _ if args.stream => {
+            return Err("--stream applies to --body small (a file is sent as it is)".into())
+        }
+        path => std::fs::read(path).map_err(|e| format!("--body {path}: {e}"))?,
+    };
+    let plan = FixedRate {
+        rate: args.rate,
+        duration,
+        arrivals: args.arrivals,
+        seed: args.seed,
+        connections: args.connections,
+        connections_max: args.max_inflight,
+        body,
+        request_timeout: args.request_timeout,
+        label: args.label.clone().unwrap_or_else(|| "fixed-rate".into()),
+    };
+    match () {
+        _ if duration.is_zero() => Err("--duration must be positive".into()),
+        _ if args.connections == 0 => Err("--connections must be at least 1".into()),
+        _ if args.connections > args.max_inflight => {
+            Err("--connections must be at most --max-inflight (the bound on connections)".into())
+        }
+        _ if plan.expected() > FIXED_RATE_REQUESTS_MAX => Err(format!(
+            "--rate x --duration plans {:.0} requests, over {FIXED_RATE_REQUESTS_MAX:.0}",
+            plan.expected()
+        )),
+        _ => Ok(plan),
+    }
+}
+
+/// `warmpath bench --workload fixed-rate` once the arguments are checked.
+fn run_paced(args: &BenchArgs) -> ExitCode {
+    let plan = match fixed_rate_plan(args) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!(
+        "{}: {} arrivals at {} req/s for {:?} to {} ({} connections, at most {})",
+        plan.label,
+        plan.arrivals.name(),
+        plan.rate,
+        plan.duration,
+        args.target,
+        plan.connections,
+        plan.connections_max
+    );
+    let result = match run_fixed_rate(&args.target, &plan) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print!("{}", rate_table(std::slice::from_ref(&result)));
+    match report::write_rate_json(&args.out, &result) {
+        Ok(path) => eprintln!("wrote {}", path.display()),
+        Err(e) => {
+            eprintln!("error: writing the report into {}: {e}", args.out.display());
+            return ExitCode::from(1);
+        }
+    }
+    if result.ok == 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 /// `warmpath bench`: builds the workload, runs it, prints the table, writes JSON and SVG into
-/// `--out`. Exit code 0 when at least one request succeeded, 1 when none did or the run could
-/// not start, 2 on a bad argument.
+/// `--out` (a paced `fixed-rate` run: the table and JSON). Exit code 0 when at least one
+/// request succeeded, 1 when none did or the run could not start, 2 on a bad argument.
 pub fn run(args: &BenchArgs) -> ExitCode {
     if let Err(e) = check(args) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
+    }
+    if args.workload == WorkloadKind::FixedRate {
+        return run_paced(args);
     }
     let workload = match build_workload(args) {
         Ok(w) => w,

@@ -438,6 +438,277 @@ pub fn plot_ttft(results: &[BenchResult], path: &Path) -> io::Result<()> {
     draw().map_err(|e| io::Error::other(format!("plot {}: {e}", path.display())))
 }
 
+/// p50, p90, p99, p99.9 (nearest rank), the maximum and the mean, in microseconds: the
+/// latencies of a paced (`fixed-rate`) run.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Tail {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// The largest value.
+    pub max: f64,
+    /// Arithmetic mean.
+    pub mean: f64,
+}
+
+impl Tail {
+    /// Summary of `nanos` (any order) in microseconds; None when empty.
+    pub fn of_nanos(nanos: impl Iterator<Item = u64>) -> Option<Tail> {
+        let mut us: Vec<f64> = nanos.map(|n| n as f64 / 1000.0).collect();
+        if us.is_empty() {
+            return None;
+        }
+        us.sort_by(f64::total_cmp);
+        Some(Tail {
+            p50: percentile(&us, 50.0),
+            p90: percentile(&us, 90.0),
+            p99: percentile(&us, 99.0),
+            p999: percentile(&us, 99.9),
+            max: us[us.len() - 1],
+            mean: us.iter().sum::<f64>() / us.len() as f64,
+        })
+    }
+}
+
+/// One request of a paced run, in nanoseconds. Latencies are measured from the request's
+/// *intended* send time, so a send the generator could not make on time (or a server that
+/// stalled the connections) shows as latency, not as a request that was never timed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSample {
+    /// Its intended send time, from the start of the run.
+    pub offset_ns: u64,
+    /// From the intended send time to its first `write` (None: never written, e.g. a refused
+    /// connection): the generator's own lag, including any wait for a connection.
+    pub lag_ns: Option<u64>,
+    /// From the intended send time to the end of the response (or of the failure).
+    pub latency_ns: u64,
+    /// From the first `write` to the end of the response (what a closed-loop tool reports).
+    pub service_ns: Option<u64>,
+    /// From the intended send time to the first response byte.
+    pub ttfb_ns: Option<u64>,
+    /// HTTP status; 0 when there was none.
+    pub status: u16,
+    /// `io`, `timeout` or `protocol` when the exchange failed.
+    pub failure: Option<&'static str>,
+    /// It found every connection busy at the bound and waited for one (a late send).
+    pub waited: bool,
+    /// The response was an event stream.
+    pub stream: bool,
+}
+
+impl RateSample {
+    /// A 2xx with a complete body.
+    pub fn ok(&self) -> bool {
+        self.failure.is_none() && (200..300).contains(&self.status)
+    }
+
+    fn error_key(&self) -> String {
+        match self.failure {
+            Some(kind) if self.status == 0 => kind.to_owned(),
+            Some(kind) => format!("{}-{kind}", self.status),
+            None => self.status.to_string(),
+        }
+    }
+}
+
+/// Everything a paced (`fixed-rate`) run found.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RateResult {
+    /// The label of this run.
+    pub label: String,
+    /// The URL requests went to.
+    pub target: String,
+    /// `constant` or `poisson`.
+    pub arrivals: &'static str,
+    /// The offered rate, requests per second.
+    pub rate: f64,
+    /// The window of intended send times, seconds.
+    pub duration_s: f64,
+    /// Requests planned (intended send times in the window).
+    pub planned: u64,
+    /// Requests written (all of them but those whose connection could not be opened).
+    pub sent: u64,
+    /// Requests that succeeded.
+    pub ok: u64,
+    /// The achieved send rate: sends over the span of their first writes.
+    pub sent_per_s: f64,
+    /// Successful requests per second from the start to the last response.
+    pub ok_per_s: f64,
+    /// Seconds from the start to the last response.
+    pub elapsed_s: f64,
+    /// Sends that found every connection busy at `connections_max` and waited for one.
+    pub late: u64,
+    /// Connections opened before the first send (and connected).
+    pub connections_warm: u64,
+    /// Connections opened in all, the warm ones included.
+    pub connections_opened: u64,
+    /// The bound on connections.
+    pub connections_max: u64,
+    /// Intended send time to first write, over every request written: the generator's jitter.
+    pub send_lag_us: Option<Tail>,
+    /// Intended send time to the end of the response, successful requests.
+    pub latency_us: Option<Tail>,
+    /// First write to the end of the response, successful requests.
+    pub service_us: Option<Tail>,
+    /// Intended send time to the first response byte, successful requests.
+    pub ttfb_us: Option<Tail>,
+    /// Successful responses that were event streams.
+    pub streamed: u64,
+    /// Failed requests by status (or failure kind).
+    pub errors: BTreeMap<String, u64>,
+    /// Warnings (e.g. warm connections that did not connect).
+    pub notes: Vec<String>,
+    /// Every request (not in the JSON: a run at tens of thousands of requests per second has
+    /// millions).
+    #[serde(skip)]
+    pub samples: Vec<RateSample>,
+}
+
+/// What [`RateResult::summarise`] is told about a run besides its samples.
+#[derive(Debug, Clone)]
+pub struct RateRun {
+    /// The label.
+    pub label: String,
+    /// The URL.
+    pub target: String,
+    /// `constant` or `poisson`.
+    pub arrivals: &'static str,
+    /// Offered requests per second.
+    pub rate: f64,
+    /// The window of send times, seconds.
+    pub duration_s: f64,
+    /// Requests planned.
+    pub planned: u64,
+    /// Seconds from the start to the last response.
+    pub elapsed_s: f64,
+    /// Connections connected before the start.
+    pub connections_warm: u64,
+    /// Connections opened in all.
+    pub connections_opened: u64,
+    /// The bound on connections.
+    pub connections_max: u64,
+}
+
+impl RateResult {
+    /// Summarises the `samples` of `run`.
+    pub fn summarise(run: RateRun, samples: Vec<RateSample>) -> RateResult {
+        let mut errors = BTreeMap::new();
+        for s in samples.iter().filter(|s| !s.ok()) {
+            *errors.entry(s.error_key()).or_insert(0) += 1;
+        }
+        let ok = || samples.iter().filter(|s| s.ok());
+        let n_ok = ok().count() as u64;
+        let writes: Vec<u64> =
+            samples.iter().filter_map(|s| s.lag_ns.map(|l| s.offset_ns + l)).collect();
+        let span = writes.iter().max().zip(writes.iter().min()).map_or(0, |(a, b)| a - b);
+        let sent_per_s = match writes.len() {
+            n if n > 1 && span > 0 => (n - 1) as f64 / (span as f64 / 1e9),
+            _ => 0.0,
+        };
+        RateResult {
+            label: run.label,
+            target: run.target,
+            arrivals: run.arrivals,
+            rate: run.rate,
+            duration_s: run.duration_s,
+            planned: run.planned,
+            sent: writes.len() as u64,
+            ok: n_ok,
+            sent_per_s,
+            ok_per_s: if run.elapsed_s > 0.0 { n_ok as f64 / run.elapsed_s } else { 0.0 },
+            elapsed_s: run.elapsed_s,
+            late: samples.iter().filter(|s| s.waited).count() as u64,
+            connections_warm: run.connections_warm,
+            connections_opened: run.connections_opened,
+            connections_max: run.connections_max,
+            send_lag_us: Tail::of_nanos(samples.iter().filter_map(|s| s.lag_ns)),
+            latency_us: Tail::of_nanos(ok().map(|s| s.latency_ns)),
+            service_us: Tail::of_nanos(ok().filter_map(|s| s.service_ns)),
+            ttfb_us: Tail::of_nanos(ok().filter_map(|s| s.ttfb_ns)),
+            streamed: ok().filter(|s| s.stream).count() as u64,
+            errors,
+            notes: Vec::new(),
+            samples,
+        }
+    }
+}
+
+fn tail_cell(t: Option<Tail>) -> String {
+    match t {
+        Some(t) => {
+            format!("{:>7.1} {:>7.1} {:>7.1} {:>8.1} {:>8.1}", t.p50, t.p90, t.p99, t.p999, t.max)
+        }
+        None => format!("{:>7} {:>7} {:>7} {:>8} {:>8}", "-", "-", "-", "-", "-"),
+    }
+}
+
+/// The terminal table of paced runs, in µs (p50 p90 p99 p99.9 max): per run a row of latency
+/// (from the intended send time), of TTFB when responses streamed, of service time (from the
+/// first write) and of the generator's send lag, each with the number of values; then a line
+/// of rates, late sends, connections and errors per run.
+pub fn rate_table(results: &[RateResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<9} {:>8} | {:>7} {:>7} {:>7} {:>8} {:>8}  (us)",
+        "label", "measure", "n", "p50", "p90", "p99", "p99.9", "max"
+    );
+    for r in results {
+        let mut rows = vec![("latency", r.ok, r.latency_us)];
+        if r.streamed > 0 {
+            rows.push(("TTFB", r.ok, r.ttfb_us));
+        }
+        rows.push(("service", r.ok, r.service_us));
+        rows.push(("send lag", r.sent, r.send_lag_us));
+        for (name, n, tail) in rows {
+            let _ = writeln!(out, "{:<16} {:<9} {:>8} | {}", r.label, name, n, tail_cell(tail));
+        }
+    }
+    for r in results {
+        let errors = if r.errors.is_empty() {
+            "none".to_owned()
+        } else {
+            r.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "{}: {:.1} req/s offered ({}), {:.1} sent/s, {:.1} ok/s over {:.2} s; {} of {} sent; \
+             late (waited for a connection) {}; connections {} warm, {} opened, at most {}; \
+             errors: {errors}",
+            r.label,
+            r.rate,
+            r.arrivals,
+            r.sent_per_s,
+            r.ok_per_s,
+            r.elapsed_s,
+            r.sent,
+            r.planned,
+            r.late,
+            r.connections_warm,
+            r.connections_opened,
+            r.connections_max
+        );
+        for note in &r.notes {
+            let _ = writeln!(out, "{}: note: {note}", r.label);
+        }
+    }
+    out
+}
+
+/// Writes `result` as pretty JSON to `DIR/LABEL.json` (the directory created); returns the path.
+pub fn write_rate_json(dir: &Path, result: &RateResult) -> io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{}.json", file_stem(&result.label)));
+    let text = serde_json::to_string_pretty(result).map_err(io::Error::other)?;
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

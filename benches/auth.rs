@@ -60,9 +60,9 @@ fn head(token: Option<&str>) -> (Vec<u8>, RequestHead) {
 
 /// The shard's check (`server::shard::auth::authenticate`).
 fn authenticate(head: &RequestHead, rbuf: &[u8], keys: &KeyTable) -> Option<u16> {
-    let values = head.headers.as_slice().iter().filter_map(|h| {
-        h.name.get(rbuf).eq_ignore_ascii_case(b"authorization").then(|| h.value.get(rbuf))
-    });
+    let values = (head.headers.as_slice().iter())
+        .filter(|h| h.name.get(rbuf).eq_ignore_ascii_case(b"authorization"))
+        .map(|h| h.value.get(rbuf));
     authorize(values, keys).ok()
 }
 

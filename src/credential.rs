@@ -225,7 +225,7 @@ impl KeyTable {
             .into_iter()
             .map(|(digest, tenant)| KeyEntry { prefix: prefix(&digest), digest, tenant })
             .collect();
-        entries.sort_by(|a, b| (a.prefix, a.digest).cmp(&(b.prefix, b.digest)));
+        entries.sort_by_key(|a| (a.prefix, a.digest));
         KeyTable { entries }
     }
 

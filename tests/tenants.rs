@@ -170,6 +170,9 @@ fn without_tenants_nothing_changes() {
     assert_eq!(admitted, Some(2.0), "from the scheduler's count, as before");
 }
 
+/// A request's extra header lines, name and value.
+type Headers = Vec<(&'static str, String)>;
+
 /// `docs/security.md`, "API keys": every row is a 401 `invalid_api_key` with the challenge,
 /// nothing reaches the backend; a request with a body closes after it (its body was not read),
 /// one without keeps the connection. The scheme is case-insensitive.
@@ -180,7 +183,7 @@ fn hostile_keys_are_401_and_reach_no_backend() {
     let mut ledger = Ledger::new();
     let basic_key = basic("user", KEY_A);
     let two = [("Authorization", bearer(KEY_A)), ("Authorization", bearer(KEY_A))];
-    let rows: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    let rows: Vec<(&str, Headers, &str)> = vec![
         ("no key", vec![], "no API key"),
         ("an unknown key", vec![("Authorization", bearer("wp_unknown"))], "invalid API key"),
         (

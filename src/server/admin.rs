@@ -76,15 +76,21 @@ impl AdminThread {
     }
 }
 
-fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+/// An admin request's method, path (without its query) and `Authorization` values.
+struct AdminRequest {
+    method: String,
+    path: String,
+    authorization: Vec<Vec<u8>>,
+}
+
+/// Reads one request head; `None` when the peer closed first or sent a bad head (answered).
+fn read_head(stream: &mut TcpStream) -> io::Result<Option<AdminRequest>> {
     let mut buf = vec![0; HEAD_MAX];
     let mut len = 0;
-    let (method, path, authorization) = loop {
+    loop {
         let n = stream.read(&mut buf[len..])?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         len += n;
         let mut headers = [httparse::EMPTY_HEADER; 64];
@@ -93,15 +99,26 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
             Ok(httparse::Status::Complete(_)) => {
                 let method = req.method.unwrap_or("").to_owned();
                 let path = req.path.unwrap_or("").split('?').next().unwrap_or("").to_owned();
-                let authorization: Vec<Vec<u8>> = (req.headers.iter())
+                let authorization = (req.headers.iter())
                     .filter(|h| h.name.eq_ignore_ascii_case("authorization"))
                     .map(|h| h.value.to_vec())
                     .collect();
-                break (method, path, authorization);
+                return Ok(Some(AdminRequest { method, path, authorization }));
             }
             Ok(httparse::Status::Partial) if len < HEAD_MAX => {}
-            _ => return respond(&mut stream, 400, "text/plain", b"bad request\n"),
+            _ => {
+                respond(stream, 400, "text/plain", b"bad request\n")?;
+                return Ok(None);
+            }
         }
+    }
+}
+
+fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let Some(AdminRequest { method, path, authorization }) = read_head(&mut stream)? else {
+        return Ok(());
     };
     if let Some(expected) = shared.generation().admin_token {
         let values = authorization.iter().map(Vec::as_slice);

@@ -25,9 +25,9 @@ pub(super) fn authenticate(
     rbuf: &[u8],
     keys: &KeyTable,
 ) -> Result<u16, AuthError> {
-    let values = head.headers.as_slice().iter().filter_map(|h| {
-        h.name.get(rbuf).eq_ignore_ascii_case(b"authorization").then(|| h.value.get(rbuf))
-    });
+    let values = (head.headers.as_slice().iter())
+        .filter(|h| h.name.get(rbuf).eq_ignore_ascii_case(b"authorization"))
+        .map(|h| h.value.get(rbuf));
     authorize(values, keys)
 }
 

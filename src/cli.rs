@@ -49,7 +49,7 @@ pub enum Command {
     Demo(crate::demo::DemoArgs),
     /// Drive a workload against an OpenAI-compatible URL (SPEC section 8) and report TTFT,
     /// inter-token and end-to-end latency for first turns and follow-ups.
-    Bench(crate::bench::BenchArgs),
+    Bench(Box<crate::bench::BenchArgs>),
     /// Validate a configuration file (with the environment and --set applied) and print the
     /// effective configuration.
     CheckConfig(CheckConfigArgs),

@@ -21,6 +21,8 @@ use warmpath::clock::{Clock, Tick};
 #[derive(Debug, Clone)]
 struct Seen {
     session: String,
+    /// The `Authorization` header's value, or empty.
+    authorization: String,
     /// Messages in the prompt: turn k of a synthetic session has 2 + 2k.
     messages: usize,
     arrived: Tick,
@@ -60,6 +62,41 @@ impl Fake {
     }
 }
 
+/// A request head as the fake server reads it.
+struct Head {
+    request_line: String,
+    length: usize,
+    session: String,
+    authorization: String,
+}
+
+/// Reads the next request head; `None` when the client has closed.
+fn read_head(reader: &mut BufReader<TcpStream>) -> Option<Head> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let request_line = line.trim_end().to_owned();
+    let (mut length, mut session, mut authorization) = (0usize, String::new(), String::new());
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            return Some(Head { request_line, length, session, authorization });
+        }
+        let (name, value) = header.split_once(':').expect("a header line");
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.trim().parse().expect("a length"),
+            "x-session-id" => session = value.trim().to_owned(),
+            "authorization" => authorization = value.trim().to_owned(),
+            _ => {}
+        }
+    }
+}
+
 /// Serves one keep-alive connection until the client closes it.
 fn serve(stream: TcpStream, clock: &Clock, seen: &Mutex<Vec<Seen>>, counters: &Mutex<(u64, u64)>) {
     // As real servers do: without it, Nagle holds each chunk for the client's delayed ACK.
@@ -67,28 +104,10 @@ fn serve(stream: TcpStream, clock: &Clock, seen: &Mutex<Vec<Seen>>, counters: &M
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
     let mut out = stream;
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        let Some(Head { request_line, length, session, authorization }) = read_head(&mut reader)
+        else {
             return;
-        }
-        let request_line = line.trim_end().to_owned();
-        let (mut length, mut session) = (0usize, String::new());
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            let (name, value) = header.split_once(':').expect("a header line");
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => length = value.trim().parse().expect("a length"),
-                "x-session-id" => session = value.trim().to_owned(),
-                _ => {}
-            }
-        }
+        };
         let arrived = clock.now();
         let mut body = vec![0; length];
         reader.read_exact(&mut body).expect("body");
@@ -129,7 +148,13 @@ fn serve(stream: TcpStream, clock: &Clock, seen: &Mutex<Vec<Seen>>, counters: &M
         );
         let answered = clock.now();
         // Recorded before the last bytes go out: the client cannot have seen the end earlier.
-        seen.lock().expect("lock").push(Seen { session, messages, arrived, answered });
+        seen.lock().expect("lock").push(Seen {
+            session,
+            authorization,
+            messages,
+            arrived,
+            answered,
+        });
         if out.write_all(format!("{:x}\r\n{last}\r\n0\r\n\r\n", last.len()).as_bytes()).is_err() {
             return;
         }
@@ -238,6 +263,36 @@ fn anonymous_runs_send_no_session_header() {
     // Each session's second turn still resends its first (2 + 2k messages at turn k).
     let second_turns = seen.iter().filter(|s| s.messages == 4).count();
     assert_eq!(second_turns, workload.follow_ups());
+}
+
+/// `--api-key` (issue [11]'s tenants): every request carries `Authorization: Bearer KEY`, beside
+/// its session header; without it, none does.
+#[test]
+fn an_api_key_goes_on_every_request() {
+    let fake = Fake::start();
+    let params = MultiTurn {
+        rate: 40.0,
+        duration: Duration::from_millis(150),
+        turns: 2,
+        system_words: 20,
+        context_words: 30,
+        new_words: 5,
+        answer_tokens: 4,
+        think_mean: Duration::from_millis(5),
+        seed: 12,
+    };
+    let workload = params.workload();
+    let mut opts = options("keyed");
+    opts.api_key = Some("wp_test-key_1".into());
+    let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");
+    assert_eq!(result.all.ok as usize, workload.requests(), "errors: {:?}", result.errors);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), workload.requests());
+    assert!(seen.iter().all(|s| s.authorization == "Bearer wp_test-key_1"), "{seen:?}");
+    assert!(seen.iter().all(|s| !s.session.is_empty()), "the session header is still sent");
+    let unkeyed = bench::run_workload(&fake.url, &workload, &options("unkeyed")).expect("runs");
+    assert_eq!(unkeyed.all.ok as usize, workload.requests());
+    assert!(fake.seen()[seen.len()..].iter().all(|s| s.authorization.is_empty()));
 }
 
 fn blocks_turn(at_ms: u64, after: Option<u32>, ids: Vec<u64>) -> Turn {
@@ -555,6 +610,7 @@ fn paced(rate: f64, duration_ms: u64, connections: usize, max: usize) -> bench::
         body: bench::fixed_rate::small_body("m", false),
         request_timeout: Duration::from_secs(5),
         label: "paced".into(),
+        api_key: None,
     }
 }
 
@@ -692,6 +748,9 @@ fn binary_runs_fixed_rate_and_refuses_bad_arguments() {
         &["--body", "/nonexistent/body.json"],
         &["--body", file, "--stream"],
         &["--arrivals", "bursty"],
+        &["--api-key", "two words"],
+        &["--api-key", "line\r\nX-Injected: 1"],
+        &["--api-key", ""],
     ] {
         let output = bench_binary(&fake, None, &[&base[..], bad].concat());
         let stderr = String::from_utf8_lossy(&output.stderr);

@@ -218,10 +218,11 @@ impl Driver<'_> {
         };
         let mut request = format!(
             "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Accept: text/event-stream\r\nUser-Agent: warmpath-bench\r\n{session}\
+             Accept: text/event-stream\r\nUser-Agent: warmpath-bench\r\n{session}{}\
              Content-Length: {}\r\n\r\n",
             self.target.path,
             self.target.host,
+            authorization(o.api_key.as_deref()),
             body.len()
         )
         .into_bytes();
@@ -274,6 +275,14 @@ impl Driver<'_> {
             let due = (self.start + rate.ticks(turn.at)).max(now + rate.ticks(turn.think));
             self.heap.push(Reverse((due, child)));
         }
+    }
+}
+
+/// The `Authorization` header line of a request sent with `api_key`, or nothing.
+pub(super) fn authorization(api_key: Option<&str>) -> String {
+    match api_key {
+        Some(key) => format!("Authorization: Bearer {key}\r\n"),
+        None => String::new(),
     }
 }
 

@@ -91,6 +91,8 @@ pub struct FixedRate {
     pub request_timeout: Duration,
     /// The label of the result.
     pub label: String,
+    /// Sent as `Authorization: Bearer KEY` on every request.
+    pub api_key: Option<String>,
 }
 
 /// The `small` body for `model`, streamed (`"stream": true`) or not.
@@ -145,12 +147,13 @@ impl FixedRate {
 }
 
 /// The request bytes: a POST of `body` to `target`'s chat completions path.
-fn request(target: &Target, body: &[u8]) -> Rc<[u8]> {
+fn request(target: &Target, body: &[u8], api_key: Option<&str>) -> Rc<[u8]> {
     let mut bytes = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         User-Agent: warmpath-bench\r\nContent-Length: {}\r\n\r\n",
+         User-Agent: warmpath-bench\r\n{}Content-Length: {}\r\n\r\n",
         target.path,
         target.host,
+        super::client::authorization(api_key),
         body.len()
     )
     .into_bytes();
@@ -177,7 +180,7 @@ pub fn run_fixed_rate(target: &str, plan: &FixedRate) -> io::Result<RateResult> 
         waited: vec![false; offsets.len()],
         samples: Vec::with_capacity(offsets.len()),
         offsets,
-        request: request(&target, &plan.body),
+        request: request(&target, &plan.body, plan.api_key.as_deref()),
         timeout: rate.ticks(plan.request_timeout),
         connections_max: plan.connections_max,
         backlog: VecDeque::new(),
@@ -355,7 +358,19 @@ mod tests {
             body: Vec::new(),
             request_timeout: Duration::from_secs(1),
             label: "t".into(),
+            api_key: None,
         }
+    }
+
+    #[test]
+    fn a_key_is_one_authorization_line_of_the_head() {
+        let target = Target::parse("http://127.0.0.1:9").expect("parses");
+        let keyed = request(&target, b"{}", Some("wp_k"));
+        let text = std::str::from_utf8(&keyed).expect("ascii");
+        assert_eq!(text.matches("\r\nAuthorization: Bearer wp_k\r\n").count(), 1, "{text}");
+        assert!(text.ends_with("\r\n\r\n{}"), "{text}");
+        let plain = request(&target, b"{}", None);
+        assert!(!std::str::from_utf8(&plain).expect("ascii").contains("Authorization"));
     }
 
     #[test]

@@ -190,6 +190,10 @@ pub struct BenchArgs {
     /// prompts (issue [10], `derive_sessions`), as it must for clients that send none.
     #[arg(long)]
     pub anonymous: bool,
+    /// An API key sent as `Authorization: Bearer KEY` on every request (issue [11]'s tenants;
+    /// run one bench per tenant to load several). Also read from `$WARMPATH_API_KEY`.
+    #[arg(long, value_name = "KEY", env = "WARMPATH_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// How [`run_workload`] sends and what it scrapes.
@@ -216,6 +220,8 @@ pub struct RunOptions {
     pub ignore_eos: bool,
     /// Send no session header.
     pub anonymous: bool,
+    /// Sent as `Authorization: Bearer KEY` on every request.
+    pub api_key: Option<String>,
 }
 
 impl Default for RunOptions {
@@ -231,6 +237,7 @@ impl Default for RunOptions {
             progress: false,
             ignore_eos: false,
             anonymous: false,
+            api_key: None,
         }
     }
 }
@@ -370,8 +377,18 @@ fn check(args: &BenchArgs) -> Result<(), String> {
         _ if !(args.rate.is_finite() && args.rate > 0.0) => Err("--rate must be positive".into()),
         _ if args.turns == 0 => Err("--turns must be at least 1".into()),
         _ if args.max_inflight == 0 => Err("--max-inflight must be at least 1".into()),
+        _ if !args.api_key.as_deref().is_none_or(key_ok) => Err(
+            "--api-key must be 1 to 512 visible ASCII characters without spaces (a bearer token)"
+                .into(),
+        ),
         _ => Ok(()),
     }
+}
+
+/// Whether `key` can go into an `Authorization: Bearer` line as is: visible ASCII, no space,
+/// at most 512 bytes (so it cannot end the line or add a header).
+fn key_ok(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 512 && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// Requests a paced run may plan at most (`--rate` × `--duration`): its samples are kept in
@@ -398,6 +415,7 @@ pub fn fixed_rate_plan(args: &BenchArgs) -> Result<FixedRate, String> {
         body,
         request_timeout: args.request_timeout,
         label: args.label.clone().unwrap_or_else(|| "fixed-rate".into()),
+        api_key: args.api_key.clone(),
     };
     match () {
         _ if duration.is_zero() => Err("--duration must be positive".into()),
@@ -491,6 +509,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         progress: !args.no_progress,
         ignore_eos: args.ignore_eos,
         anonymous: args.anonymous,
+        api_key: args.api_key.clone(),
     };
     let result = match run_workload(&args.target, &workload, &options) {
         Ok(r) => r,

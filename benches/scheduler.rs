@@ -49,6 +49,7 @@ fn params(max_queued: u32) -> Params {
         metrics_stale_after: 5 * SECOND,
         timer_resolution: 1 << 20,
         prefix: warmpath::scheduler::PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     }
 }
 
@@ -94,6 +95,7 @@ impl Steady {
             prompt_bytes: 2000,
             streaming: true,
             prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+            tenant: 0,
         };
         self.out.clear();
         self.s.handle(self.now, Input::Arrive(arrival), &mut self.out);

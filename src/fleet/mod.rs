@@ -428,6 +428,7 @@ impl<'a> Fleet<'a> {
             prompt_bytes: u32::try_from(self.body.len()).unwrap_or(u32::MAX),
             streaming: true,
             prompt,
+            tenant: 0,
         };
         self.schedule(Input::Arrive(arrival));
     }

@@ -85,6 +85,11 @@ fn params(bytes: &mut Bytes) -> Params {
         metrics_stale_after: 8 * RESOLUTION,
         timer_resolution: RESOLUTION,
         prefix,
+        // Issue [11]: none (today's single queue) half the time, else one to three tenants
+        // of small and unequal weights.
+        tenant_weights: (0..[0, 0, 1, 2, 3][bytes.below(5) as usize])
+            .map(|_| [1, 3, 1, 10][bytes.below(4) as usize])
+            .collect(),
     }
 }
 
@@ -150,7 +155,7 @@ fn decode_blocks(bytes: &mut Bytes, out: &mut Vec<u64>) {
 fn decode_input(
     bytes: &mut Bytes,
     live: &mut Live,
-    backends: u16,
+    (backends, tenants): (u16, u16),
     now: Tick,
     prompt: Option<(&PromptPool, &mut Vec<u64>)>,
 ) -> Input {
@@ -182,6 +187,11 @@ fn decode_input(
                 prompt_bytes: body,
                 streaming: bytes.below(2) == 0,
                 prompt: slot,
+                // Now and then a tenant the scheduler has no weight for (counted as none).
+                tenant: match tenants {
+                    0 => 0,
+                    n => bytes.below(u32::from(n) + 2) as u16,
+                },
             })
         }
         5 => Input::Cancel(live.pick(bytes, false)),
@@ -266,7 +276,8 @@ pub fn run(data: &[u8]) {
         now += advance(&mut bytes);
         blocks.clear();
         let prompt = pool.as_deref().map(|pool| (pool, &mut blocks));
-        let input = decode_input(&mut bytes, &mut live, params.backends, now, prompt);
+        let counts = (params.backends, params.tenant_weights.len() as u16);
+        let input = decode_input(&mut bytes, &mut live, counts, now, prompt);
         model.set_next_blocks(&blocks);
         got.clear();
         want.clear();

@@ -65,6 +65,11 @@ impl IndexedHeap {
         self.slots.first().map(|slot| slot.index)
     }
 
+    /// The indices in the heap, in heap-array order.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots.iter().map(|slot| slot.index)
+    }
+
     /// Appends to `out` the indices of the first `k` entries in heap order (what `k` pops would
     /// return), without changing the heap: a best-first walk of the tree that keeps its frontier
     /// of heap positions, at most `k + 1` of them, in `frontier` (cleared first; reused by the

@@ -231,6 +231,11 @@ impl Generation {
         let model = &self.models[index];
         let mut params = scheduler_params(&model.config, &self.config.upstream, rate);
         params.backends = u16::try_from(model.backends.len()).expect("BACKENDS_MAX fits u16");
+        // Issue [11]: every tenant since start, by index (a removed one keeps its last
+        // weight; its keys no longer work, so nothing of it arrives).
+        params.tenant_weights = (self.tenants.iter())
+            .map(|t| u16::try_from(t.config.weight).unwrap_or(u16::MAX))
+            .collect();
         params
     }
 
@@ -314,6 +319,7 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
             wait_max: rate.ticks(queue.affinity_wait_max),
             derive_sessions: queue.derive_sessions,
         },
+        tenant_weights: Vec::new(),
     }
 }
 

@@ -122,12 +122,6 @@ impl Fair {
         &mut self.table.0[usize::from(tenant)]
     }
 
-    /// The virtual time.
-    #[cfg(test)]
-    pub fn vtime(&self) -> u64 {
-        self.vtime
-    }
-
     /// The backlogged tenant with the smallest key.
     pub fn head(&self) -> Option<u16> {
         self.heap.peek().map(|t| t as u16)

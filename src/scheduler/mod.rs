@@ -59,6 +59,8 @@ pub mod prefix;
 mod queue;
 pub mod tracker;
 
+#[cfg(test)]
+mod fair_tests;
 #[cfg(any(test, fuzzing))]
 pub mod harness;
 #[cfg(any(test, fuzzing))]

@@ -36,6 +36,11 @@
 //!   retry admissions neither count nor reset. When the streak reaches the bound the oldest
 //!   normal request goes next, after the retry and forced lanes.
 //! - Forced admissions count as boosted admissions for S4 (a forced request is boosted).
+//! - Tenants (issue \[11\], SPEC S15's "per-user fairness" seam): S3-S5 apply within each
+//!   tenant's lanes (S4's count and S5's streak are the tenant's own), and [`fair`] picks the
+//!   tenant of each admission; the retry lane is the model's and goes first. The S4 check runs
+//!   before each admission for the head of the tenant order (under S16 also for each tenant the
+//!   placement scan reaches), so no tenant admits a boosted request without one.
 //! - S7's "backend recorded for the request's session" is read when the request arrives, by the
 //!   same tracker lookup as the boost decision (a follow-up arrives after its previous turn
 //!   completed, so the two moments agree but for concurrent requests of one session).

@@ -7,7 +7,7 @@
 //! 1. *A heavy neighbour*: tenant 1 sends one session in 101, tenant 2 the other 100 (100x the
 //!    rate), weights 1:1, at LOAD of the two engines' capacity for the whole trace. Tenant 1's
 //!    TTFT p50 and p90 with the neighbour against its solo run (its sessions alone, same
-//!    offsets).
+//!    offsets), and through one queue for both (no tenants configured).
 //! 2. *Boost within tenants*: the follow-up TTFT p50 gain of session-boost over fifo for the
 //!    whole trace as one tenant, against the gain within each of two tenants of weights 3:1
 //!    (sessions split 3:1).
@@ -109,16 +109,20 @@ fn main() {
         .collect();
     let boost = |weights: &[u16]| params("session-boost", routing, weights);
     let alone = run(&solo, &engines, boost(&[1, 1]), vec![1; solo.sessions.len()]);
-    let mixed = run(&workload, &engines, boost(&[1, 1]), light);
+    let mixed = run(&workload, &engines, boost(&[1, 1]), light.clone());
+    // The same mix through today's single queue: no weights, so every tenant counts as none.
+    let single = run(&workload, &engines, boost(&[]), light);
     let (a50, m50) = (alone.ttft_of(Some(1), None, 50.0), mixed.ttft_of(Some(1), None, 50.0));
     let (a90, m90) = (alone.ttft_of(Some(1), None, 90.0), mixed.ttft_of(Some(1), None, 90.0));
     println!(
         "{trace_name} {profile} {load} {routing}: light tenant ({} requests) TTFT p50 solo {} ms, \
-         beside a 100x tenant {} ms ({:+.1} %); p90 {} -> {} ms; heavy tenant p50 {} ms",
+         beside a 100x tenant {} ms ({:+.1} %) (one queue for both: {} ms); p90 {} -> {} ms; \
+         heavy tenant p50 {} ms",
         alone.outcomes.len(),
         ms(a50),
         ms(m50),
         (m50 / a50 - 1.0) * 100.0,
+        ms(single.ttft_of(Some(1), None, 50.0)),
         ms(a90),
         ms(m90),
         ms(mixed.ttft_of(Some(2), None, 50.0)),

@@ -11,9 +11,8 @@
 //! - Admission takes the tenant with the smallest key (ties: the lower tenant index) and,
 //!   inside it, the request S3-S5 choose from *that tenant's* lanes. With key `S` and the
 //!   request's estimated prompt tokens `c` (at least 1): `V = max(V, S)`,
-//!   `F_t = max(F_t, S) + c × SCALE / w_t`, and the tenant re-enters the heap with key `F_t`
-//!   if it still has requests queued (a heap update: remove and push; a key never changes in
-//!   place).
+//!   `F_t = max(F_t, S) + c × SCALE / w_t`, and the tenant takes the key `F_t` if it still has requests queued (a
+//!   heap update that moves it to its place; a key never changes without it).
 //! - A request admitted without the tenant order (a grace hit, S8) is charged to its tenant:
 //!   `F_t = max(F_t, V) + c × SCALE / w_t`; the tenant's key, if queued, stays as it is and the
 //!   charge counts at its next admission (through `max(F_t, S)`). A retried request (SPEC 2.8)
@@ -97,6 +96,7 @@ impl Fair {
     }
 
     /// Tenants known: 1 + the configured ones.
+    #[inline]
     pub fn len(&self) -> usize {
         self.table.0.len()
     }
@@ -114,15 +114,18 @@ impl Fair {
         }
     }
 
+    #[inline]
     pub fn get(&self, tenant: u16) -> &Tenant {
         &self.table.0[usize::from(tenant)]
     }
 
+    #[inline]
     pub fn get_mut(&mut self, tenant: u16) -> &mut Tenant {
         &mut self.table.0[usize::from(tenant)]
     }
 
     /// The backlogged tenant with the smallest key.
+    #[inline]
     pub fn head(&self) -> Option<u16> {
         self.heap.peek().map(|t| t as u16)
     }
@@ -133,6 +136,7 @@ impl Fair {
     }
 
     /// Whether `tenant` is in the heap (has requests queued).
+    #[inline]
     pub fn backlogged(&self, tenant: u16) -> bool {
         self.get(tenant).position != NOT_IN_HEAP
     }
@@ -155,16 +159,18 @@ impl Fair {
     /// A request of `tenant` costing `tokens` was admitted in tenant order; `queued` says
     /// whether the tenant still has requests queued.
     pub fn served(&mut self, tenant: u16, tokens: u64, queued: bool) {
-        let position = self.get(tenant).position;
-        debug_assert!(position != NOT_IN_HEAP, "tenant {tenant} served while not backlogged");
-        self.heap.remove(position, &mut self.table);
         let state = &mut self.table.0[usize::from(tenant)];
+        let position = state.position;
+        debug_assert!(position != NOT_IN_HEAP, "tenant {tenant} served while not backlogged");
         let start = state.key;
         self.vtime = self.vtime.max(start);
         state.finish = state.finish.max(start).saturating_add(charge(tokens, state.weight));
         if queued {
             state.key = state.finish;
-            self.heap.push(state.key, u32::from(tenant), &mut self.table);
+            let key = state.key;
+            self.heap.update(position, key, &mut self.table);
+        } else {
+            self.heap.remove(position, &mut self.table);
         }
     }
 

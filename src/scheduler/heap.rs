@@ -116,6 +116,16 @@ impl IndexedHeap {
         self.sift_up(position, arena);
     }
 
+    /// Gives the entry at heap position `position` the key `key` and moves it to its place,
+    /// O(log n): the heap's own re-keying (a key is never changed without it).
+    pub fn update<A: HeapArena>(&mut self, position: u32, key: u64, arena: &mut A) {
+        let position = position as usize;
+        self.slots[position].key = key;
+        if !self.sift_up(position, arena) {
+            self.sift_down(position, arena);
+        }
+    }
+
     /// Removes and returns the entry at heap position `position`.
     pub fn remove<A: HeapArena>(&mut self, position: u32, arena: &mut A) -> u32 {
         let position = position as usize;

@@ -267,12 +267,14 @@ impl Lanes {
         Lanes { lists: [List::EMPTY; 3], boosted: IndexedHeap::with_capacity(capacity) }
     }
 
+    #[inline]
     fn queued(&self) -> u32 {
         self.lists.iter().map(|list| list.len).sum()
     }
 }
 
 /// The list of `lane` for `tenant` (the retry lane is the model's).
+#[inline]
 fn lane_list<'a>(
     retry: &'a mut List,
     tenants: &'a mut [Lanes],
@@ -566,6 +568,7 @@ impl Queue {
     }
 
     /// Number of queued requests in `lane`, all tenants.
+    #[inline]
     pub fn lane_len(&self, lane: Lane) -> u32 {
         self.lens[lane as usize]
     }
@@ -576,22 +579,26 @@ impl Queue {
     }
 
     /// The tenant of entry `index`.
+    #[inline]
     pub fn tenant_of(&self, index: u32) -> u16 {
         self.arena.entries[index as usize].tenant
     }
 
     /// Queued requests of `tenant` (the retry lane is nobody's).
+    #[inline]
     pub fn tenant_queued(&self, tenant: u16) -> u32 {
         self.tenants[usize::from(tenant)].queued()
     }
 
     /// Queued requests of `tenant` in `lane` (not `Retry`).
+    #[inline]
     pub fn tenant_lane_len(&self, tenant: u16, lane: Lane) -> u32 {
         self.tenants[usize::from(tenant)].lists[lane as usize - 1].len
     }
 
     /// Head of a FIFO lane (`Retry`, `Forced`, `Normal`) or the top of the boosted heap, of
     /// `tenant` (the retry lane is the model's).
+    #[inline]
     pub fn first(&self, lane: Lane, tenant: u16) -> Option<u32> {
         let head = match lane {
             Lane::Retry => self.retry.head,
@@ -621,6 +628,7 @@ impl Queue {
     }
 
     /// The oldest boosted (not forced) request of `tenant`.
+    #[inline]
     pub fn oldest_boosted(&self, tenant: u16) -> Option<u32> {
         let head = self.tenants[usize::from(tenant)].lists[Lane::Boosted as usize - 1].head;
         (head != NIL).then_some(head)

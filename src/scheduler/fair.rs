@@ -18,6 +18,9 @@
 //!   charge counts at its next admission (through `max(F_t, S)`). A retried request (SPEC 2.8)
 //!   is not charged again.
 //!
+//! With no tenants configured (tenant 0 alone) the scheduler skips the charge: one tenant's
+//! order needs no virtual time.
+//!
 //! So the order of tenants changes only when a tenant is served, enters or leaves, and no
 //! request's key changes while it is queued (kthena's fairness heap re-prioritised items in
 //! the heap, breaking same-user FIFO: kthena issues #1771 and #1772). With one tenant (none

@@ -723,12 +723,19 @@ impl Scheduler {
     /// prompt tokens and takes its next place in the tenant order (a retry is not charged).
     fn unqueue_admitted(&mut self, index: u32) {
         self.queue.disarm_deadline(index);
-        let lane = self.queue.dequeue(index);
-        if lane != Lane::Retry {
-            let tenant = self.queue.tenant_of(index);
-            let queued = self.queue.tenant_queued(tenant) > 0;
-            self.fair.served(tenant, self.prompt_tokens(index), queued);
+        if self.queue.dequeue(index) == Lane::Retry {
+            return;
         }
+        let tenant = self.queue.tenant_of(index);
+        let queued = self.queue.tenant_queued(tenant) > 0;
+        if self.fair.len() == 1 {
+            // No tenants configured: one tenant's order needs no virtual time.
+            if !queued {
+                self.fair.leave(tenant);
+            }
+            return;
+        }
+        self.fair.served(tenant, self.prompt_tokens(index), queued);
     }
 
     fn cancel(&mut self, id: RequestId) {

@@ -6,6 +6,9 @@
 //!   admits exactly one queued request). Half the arrivals are follow-ups of tracked sessions
 //!   (boosted), half have no session; every request carries a 30 s queue deadline (in the
 //!   deadline list). 4 backends, 64 slots each, session-affinity routing, 4,096 tracked sessions.
+//! - `cycle/warmpath-100-tenants/{0,1000,10000}`: the same cycle with 100 tenants configured
+//!   (weights 1 to 4) and the arrivals spread over them in rotation (issue \[11\]: the tenant
+//!   order's heap of 100 backlogged tenants is updated on every admission).
 //! - `cycle/binaryheap/…`: the same cycle through a baseline queue built on
 //!   `std::collections::BinaryHeap` (boosted lane) and a `VecDeque` (normal lane), with lazy
 //!   deletion (cancelled ids in a set, skipped when popped) and the same session tracker.
@@ -31,7 +34,7 @@ const BACKENDS: u16 = 4;
 const SLOTS: u32 = 64;
 const SECOND: u64 = 1_000_000_000;
 
-fn params(max_queued: u32) -> Params {
+fn params(max_queued: u32, tenants: u16) -> Params {
     Params {
         boost: true,
         routing: Routing::SessionAffinity,
@@ -49,6 +52,7 @@ fn params(max_queued: u32) -> Params {
         metrics_stale_after: 5 * SECOND,
         timer_resolution: 1 << 20,
         prefix: warmpath::scheduler::PrefixParams::DEFAULT,
+        tenant_weights: (0..tenants).map(|t| 1 + t % 4).collect(),
     }
 }
 
@@ -61,13 +65,20 @@ struct Steady {
     queued: Vec<u64>,
     out: Vec<Output>,
     rng: SplitMix64,
+    /// Tenants the arrivals rotate over (0: none configured).
+    tenants: u16,
 }
 
 impl Steady {
     fn new(depth: u32) -> Steady {
+        Steady::with_tenants(depth, 0)
+    }
+
+    fn with_tenants(depth: u32, tenants: u16) -> Steady {
         let total = depth + SLOTS * u32::from(BACKENDS);
         let mut steady = Steady {
-            s: Scheduler::new(params(depth.max(1)), 0),
+            tenants,
+            s: Scheduler::new(params(depth.max(1), tenants), 0),
             now: 0,
             next_id: 0,
             running: VecDeque::with_capacity(total as usize + 8),
@@ -94,6 +105,10 @@ impl Steady {
             prompt_bytes: 2000,
             streaming: true,
             prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+            tenant: match self.tenants {
+                0 => 0,
+                n => 1 + (self.next_id % u64::from(n)) as u16,
+            },
         };
         self.out.clear();
         self.s.handle(self.now, Input::Arrive(arrival), &mut self.out);
@@ -200,6 +215,12 @@ fn cycle(c: &mut Criterion) {
         black_box(steady.s.queued());
         let mut lazy = Lazy::new(depth.max(1));
         group.bench_function(BenchmarkId::new("binaryheap", depth), |b| b.iter(|| lazy.cycle()));
+        if depth <= 10_000 {
+            let mut tenants = Steady::with_tenants(depth, 100);
+            let id = BenchmarkId::new("warmpath-100-tenants", depth);
+            group.bench_function(id, |b| b.iter(|| tenants.cycle()));
+            black_box(tenants.s.queued());
+        }
     }
     group.finish();
 }

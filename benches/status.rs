@@ -56,6 +56,7 @@ fn scheduler(generation: &Generation, clock: &Clock) -> Scheduler {
             prompt_bytes: 4000,
             streaming: true,
             prompt: NO_PROMPT,
+            tenant: 0,
         };
         s.handle(start + id, Input::Arrive(arrival), out);
         id

@@ -106,6 +106,7 @@ fn main() {
         model: "sim-8b".into(),
         report_waiting: std::env::var("NO_WAITING").is_err(),
         trace_budget: std::env::var("TRACE_BUDGET").is_ok(),
+        session_tenants: Vec::new(),
     };
     let clock = warmpath::clock::Clock::real();
     let started = clock.now();

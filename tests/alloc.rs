@@ -72,6 +72,7 @@ impl Driver {
                 prompt_bytes: 1200,
                 streaming: k % 3 != 0,
                 prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+                tenant: 0,
             };
             self.send(Input::Arrive(arrival));
         }
@@ -116,6 +117,7 @@ fn no_allocation_per_request_after_warm_up() {
         metrics_stale_after: 50 * MS,
         timer_resolution: 1 << 20,
         prefix: warmpath::scheduler::PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     };
     let mut driver = Driver {
         s: Scheduler::new(params, 0),

@@ -37,6 +37,7 @@ fn params(timeout: Option<u64>) -> Params {
         metrics_stale_after: u64::MAX / 4,
         timer_resolution: 1 << 20,
         prefix: warmpath::scheduler::PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     }
 }
 
@@ -151,6 +152,7 @@ fn shard(index: u16, count: u64, thread: Arc<HostThread>, ring: Arc<ShardRing>) 
                 prompt_bytes: 40,
                 streaming: false,
                 prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+                tenant: 0,
             };
             send(&thread, Input::Arrive(arrival));
             sent += 1;
@@ -210,6 +212,7 @@ fn a_queue_deadline_fires_without_traffic() {
             prompt_bytes: 0,
             streaming: false,
             prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+            tenant: 0,
         })
     };
     for serial in 0..9 {

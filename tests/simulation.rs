@@ -97,6 +97,7 @@ fn params(rng: &mut Rng) -> Params {
         metrics_stale_after: 400 * MS,
         timer_resolution: MS,
         prefix: warmpath::scheduler::PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     }
 }
 
@@ -221,6 +222,7 @@ impl Sim {
             prompt_bytes: tokens * 4,
             streaming,
             prompt: warmpath::ring::prompt_pool::NO_PROMPT,
+            tenant: 0,
         };
         self.input(Input::Arrive(arrival));
     }

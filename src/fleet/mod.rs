@@ -68,6 +68,9 @@ pub struct FleetSpec {
     pub report_waiting: bool,
     /// Print each backend's budget at every control round (stderr).
     pub trace_budget: bool,
+    /// Issue \[11\]: the tenant of each session of the workload, by index (missing: 0, none);
+    /// its requests carry it to the scheduler, whose `tenant_weights` must know it.
+    pub session_tenants: Vec<u16>,
 }
 
 /// What one request saw.
@@ -84,6 +87,8 @@ pub struct Outcome {
     pub cached_tokens: u32,
     /// The engine that served it.
     pub backend: u16,
+    /// Its session's tenant (issue \[11\]).
+    pub tenant: u16,
 }
 
 /// The result of a run.
@@ -117,9 +122,15 @@ impl FleetReport {
     /// Nearest-rank percentile `p` (0..=100) of TTFT for follow-ups (`Some(true)`), first
     /// turns (`Some(false)`) or all requests, in seconds.
     pub fn ttft(&self, follow_up: Option<bool>, p: f64) -> f64 {
+        self.ttft_of(None, follow_up, p)
+    }
+
+    /// [`FleetReport::ttft`] of the requests of `tenant` (`None`: all tenants).
+    pub fn ttft_of(&self, tenant: Option<u16>, follow_up: Option<bool>, p: f64) -> f64 {
         let mut v: Vec<f64> = self
             .outcomes
             .iter()
+            .filter(|o| tenant.is_none_or(|t| o.tenant == t))
             .filter(|o| follow_up.is_none_or(|f| o.follow_up == f))
             .filter_map(|o| o.ttft)
             .collect();
@@ -360,6 +371,7 @@ impl<'a> Fleet<'a> {
                 prompt_tokens: r.prompt_tokens,
                 cached_tokens: r.cached_tokens,
                 backend: r.backend,
+                tenant: self.spec.session_tenants.get(r.session as usize).copied().unwrap_or(0),
             })
             .collect();
         FleetReport {
@@ -428,6 +440,7 @@ impl<'a> Fleet<'a> {
             prompt_bytes: u32::try_from(self.body.len()).unwrap_or(u32::MAX),
             streaming: true,
             prompt,
+            tenant: self.spec.session_tenants.get(s).copied().unwrap_or(0),
         };
         self.schedule(Input::Arrive(arrival));
     }

@@ -85,6 +85,11 @@ fn params(bytes: &mut Bytes) -> Params {
         metrics_stale_after: 8 * RESOLUTION,
         timer_resolution: RESOLUTION,
         prefix,
+        // Issue [11]: none (today's single queue) half the time, else one to three tenants
+        // of small and unequal weights.
+        tenant_weights: (0..[0, 0, 1, 2, 3][bytes.below(5) as usize])
+            .map(|_| [1, 3, 1, 10][bytes.below(4) as usize])
+            .collect(),
     }
 }
 
@@ -147,43 +152,57 @@ fn decode_blocks(bytes: &mut Bytes, out: &mut Vec<u64>) {
     out.extend((1..=len).map(|k| family + k));
 }
 
+/// An arrival: a session from a small set or none, a body size, block hashes under S16, and
+/// with tenants configured one of them (or now and then one the scheduler has no weight for,
+/// counted as none).
+fn decode_arrival(
+    bytes: &mut Bytes,
+    live: &mut Live,
+    tenants: u16,
+    prompt: Option<(&PromptPool, &mut Vec<u64>)>,
+) -> Input {
+    live.next_id += 1;
+    let session_pick = bytes.below(8);
+    let mut body = [0, 160, 2800, 12_000, 400_000][bytes.below(5) as usize];
+    let slot = match prompt {
+        Some((pool, blocks)) => {
+            decode_blocks(bytes, blocks);
+            body += blocks.len() as u32 * 256;
+            match pool.acquire() {
+                Some(slot) => {
+                    pool.with(slot, |hashes| hashes.extend_from_slice(blocks));
+                    slot
+                }
+                None => {
+                    blocks.clear();
+                    NO_PROMPT
+                }
+            }
+        }
+        None => NO_PROMPT,
+    };
+    Input::Arrive(Arrival {
+        id: RequestId(live.next_id),
+        session: (session_pick < 6).then_some(u64::from(session_pick)),
+        prompt_bytes: body,
+        streaming: bytes.below(2) == 0,
+        prompt: slot,
+        tenant: match tenants {
+            0 => 0,
+            n => bytes.below(u32::from(n) + 2) as u16,
+        },
+    })
+}
+
 fn decode_input(
     bytes: &mut Bytes,
     live: &mut Live,
-    backends: u16,
+    (backends, tenants): (u16, u16),
     now: Tick,
     prompt: Option<(&PromptPool, &mut Vec<u64>)>,
 ) -> Input {
     match bytes.below(16) {
-        0..=4 => {
-            live.next_id += 1;
-            let session_pick = bytes.below(8);
-            let mut body = [0, 160, 2800, 12_000, 400_000][bytes.below(5) as usize];
-            let slot = match prompt {
-                Some((pool, blocks)) => {
-                    decode_blocks(bytes, blocks);
-                    body += blocks.len() as u32 * 256;
-                    match pool.acquire() {
-                        Some(slot) => {
-                            pool.with(slot, |hashes| hashes.extend_from_slice(blocks));
-                            slot
-                        }
-                        None => {
-                            blocks.clear();
-                            NO_PROMPT
-                        }
-                    }
-                }
-                None => NO_PROMPT,
-            };
-            Input::Arrive(Arrival {
-                id: RequestId(live.next_id),
-                session: (session_pick < 6).then_some(u64::from(session_pick)),
-                prompt_bytes: body,
-                streaming: bytes.below(2) == 0,
-                prompt: slot,
-            })
-        }
+        0..=4 => decode_arrival(bytes, live, tenants, prompt),
         5 => Input::Cancel(live.pick(bytes, false)),
         6 => Input::FirstByte(live.pick(bytes, true)),
         7..=9 => {
@@ -253,8 +272,21 @@ fn split(outputs: &[Output]) -> (Vec<Output>, BTreeSet<(RequestId, super::Reject
 
 /// Runs the byte string `data` as a differential test; panics on the first divergence.
 pub fn run(data: &[u8]) {
+    run_params(data, false);
+}
+
+/// [`run`] with tenants always configured (issue \[11\]): two of weights 3 and 1 when the
+/// bytes chose none.
+pub fn run_with_tenants(data: &[u8]) {
+    run_params(data, true);
+}
+
+fn run_params(data: &[u8], tenants: bool) {
     let mut bytes = Bytes { data };
-    let params = params(&mut bytes);
+    let mut params = params(&mut bytes);
+    if tenants && params.tenant_weights.is_empty() {
+        params.tenant_weights = vec![3, 1];
+    }
     let mut real = Scheduler::new(params.clone(), 0);
     let mut model = Reference::new(params.clone());
     let mut live = Live::default();
@@ -266,7 +298,8 @@ pub fn run(data: &[u8]) {
         now += advance(&mut bytes);
         blocks.clear();
         let prompt = pool.as_deref().map(|pool| (pool, &mut blocks));
-        let input = decode_input(&mut bytes, &mut live, params.backends, now, prompt);
+        let counts = (params.backends, params.tenant_weights.len() as u16);
+        let input = decode_input(&mut bytes, &mut live, counts, now, prompt);
         model.set_next_blocks(&blocks);
         got.clear();
         want.clear();

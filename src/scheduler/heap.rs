@@ -65,6 +65,11 @@ impl IndexedHeap {
         self.slots.first().map(|slot| slot.index)
     }
 
+    /// The indices in the heap, in heap-array order.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots.iter().map(|slot| slot.index)
+    }
+
     /// Appends to `out` the indices of the first `k` entries in heap order (what `k` pops would
     /// return), without changing the heap: a best-first walk of the tree that keeps its frontier
     /// of heap positions, at most `k + 1` of them, in `frontier` (cleared first; reused by the
@@ -109,6 +114,16 @@ impl IndexedHeap {
         let position = self.slots.len();
         self.slots.push(Slot { key, index });
         self.sift_up(position, arena);
+    }
+
+    /// Gives the entry at heap position `position` the key `key` and moves it to its place,
+    /// O(log n): the heap's own re-keying (a key is never changed without it).
+    pub fn update<A: HeapArena>(&mut self, position: u32, key: u64, arena: &mut A) {
+        let position = position as usize;
+        self.slots[position].key = key;
+        if !self.sift_up(position, arena) {
+            self.sift_down(position, arena);
+        }
     }
 
     /// Removes and returns the entry at heap position `position`.

@@ -85,46 +85,73 @@ impl Scheduler {
         (b.waiting, b.scraped_at)
     }
 
-    /// The arrival tick of the longest-waiting queued request, O(1): the earliest among the
-    /// lane heads (the forced and normal lanes are in arrival order and the boosted lane keeps
-    /// an arrival-ordered list; the retry lane is in retry order, so a retried request behind
-    /// an older one's retry is missed, which the lane's size, a few requests, makes harmless).
+    /// Visits the head of every non-empty lane list in arrival order (the forced and normal
+    /// lanes are in arrival order and the boosted lane keeps an arrival-ordered list; the retry
+    /// lane is in retry order, so a retried request behind an older one's retry is missed,
+    /// which the lane's size, a few requests, makes harmless): the retry lane's, then those of
+    /// each tenant with requests queued (issue \[11\]), lanes in serving order.
+    fn lane_heads(&self, mut visit: impl FnMut(Lane, u32)) {
+        if let Some(index) = self.queue.first(Lane::Retry, 0) {
+            visit(Lane::Retry, index);
+        }
+        for tenant in self.fair.backlogged_tenants() {
+            let heads = [
+                (Lane::Forced, self.queue.first(Lane::Forced, tenant)),
+                (Lane::Boosted, self.queue.oldest_boosted(tenant)),
+                (Lane::Normal, self.queue.first(Lane::Normal, tenant)),
+            ];
+            for (lane, head) in heads {
+                if let Some(index) = head {
+                    visit(lane, index);
+                }
+            }
+        }
+    }
+
+    /// The arrival tick of the longest-waiting queued request: the earliest among the lane
+    /// heads ([`Scheduler::lane_heads`]), O(1) per tenant with requests queued.
     pub fn oldest_arrival(&self) -> Option<Tick> {
-        let heads = [
-            self.queue.first(Lane::Retry),
-            self.queue.first(Lane::Forced),
-            self.queue.oldest_boosted(),
-            self.queue.first(Lane::Normal),
-        ];
-        heads.into_iter().flatten().map(|index| self.queue.get(index).arrived_at).min()
+        let mut oldest: Option<Tick> = None;
+        self.lane_heads(|_, index| {
+            let at = self.queue.get(index).arrived_at;
+            oldest = Some(oldest.map_or(at, |o| o.min(at)));
+        });
+        oldest
     }
 
     /// Appends to `out` (cleared first) the `max` longest-waiting queued requests, oldest
-    /// first: a merge of the lanes' arrival-ordered lists, O(`max`) whatever the queue's depth
-    /// (the retry lane is in retry order, as for [`Scheduler::oldest_arrival`]).
+    /// first (ties: in lane-head order). Each arrival-ordered lane list is walked from its head
+    /// while its entries would still make the list, inserting into `out` kept sorted and at
+    /// most `max` long: O(`max`² per lane list) at worst whatever the queue's depth, and no
+    /// allocation once `out` has room for `max` (the retry lane is in retry order, as for
+    /// [`Scheduler::oldest_arrival`]).
     pub fn oldest_waiting(&self, max: usize, out: &mut Vec<Waiting>) {
         out.clear();
-        let mut cursors = [
-            self.queue.first(Lane::Retry),
-            self.queue.first(Lane::Forced),
-            self.queue.oldest_boosted(),
-            self.queue.first(Lane::Normal),
-        ];
-        while out.len() < max {
-            let oldest = (0..cursors.len())
-                .filter_map(|lane| cursors[lane].map(|index| (lane, index)))
-                .min_by_key(|&(_, index)| self.queue.get(index).arrived_at);
-            let Some((lane, index)) = oldest else { break };
-            let entry = self.queue.get(index);
-            out.push(Waiting {
-                id: RequestId(entry.id),
-                arrived_at: entry.arrived_at,
-                lane: Lane::ALL[lane],
-                has_session: entry.has_session(),
-                retries: entry.retries,
-            });
-            cursors[lane] = self.queue.next_in_lane(index);
+        if max == 0 {
+            return;
         }
+        self.lane_heads(|lane, head| {
+            let mut next = Some(head);
+            while let Some(index) = next {
+                let entry = self.queue.get(index);
+                let at = out.partition_point(|w| w.arrived_at <= entry.arrived_at);
+                if at >= max {
+                    break;
+                }
+                if out.len() == max {
+                    out.pop();
+                }
+                let waiting = Waiting {
+                    id: RequestId(entry.id),
+                    arrived_at: entry.arrived_at,
+                    lane,
+                    has_session: entry.has_session(),
+                    retries: entry.retries,
+                };
+                out.insert(at, waiting);
+                next = self.queue.next_in_lane(index);
+            }
+        });
     }
 
     /// What the scheduler learned of `backend`.
@@ -177,11 +204,13 @@ impl Scheduler {
             + self.prefix.as_ref().map_or(0, placement::Prefix::heap_bytes)
             + self.derived.as_ref().map_or(0, DerivedSessions::heap_bytes)
             + self.learned.heap_bytes()
+            + self.fair.heap_bytes()
     }
 
     /// Checks every structure and the accounting of S14; panics on a violation.
     pub fn check_invariants(&self) {
         self.queue.check_invariants();
+        self.fair.check_invariants(|tenant| self.queue.tenant_queued(tenant));
         self.tracker.check_invariants();
         self.wheel.check_invariants();
         let count = self.backends.len();

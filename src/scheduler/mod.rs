@@ -11,8 +11,11 @@
 //! allow (S6), in the order of S3-S5, each bound to a backend by S7 (or S16's placement).
 //!
 //! Structures, all preallocated from [`Params`] at construction (nothing allocates per request):
-//! - `queue`: the request arena, the id index, the lanes (retry, forced, boosted, normal), with
-//!   the boosted lane an intrusive indexed [`heap`], and the deadline list;
+//! - `queue`: the request arena, the id index, the lanes (the model's retry lane; per tenant,
+//!   forced, boosted and normal), with each boosted lane an intrusive indexed [`heap`], and the
+//!   deadline list;
+//! - [`fair`]: fair share across tenants (issue \[11\]), start-time fair queuing over
+//!   estimated prompt tokens: which tenant's lanes the next admission takes from;
 //! - [`tracker`]: the CLOCK session tracker of S1/S2;
 //! - [`wheel`](crate::wheel): the hierarchical timer wheel (grace windows, stale gauges, the
 //!   placement wait), a module of its own because the shards use it too;
@@ -33,6 +36,11 @@
 //!   retry admissions neither count nor reset. When the streak reaches the bound the oldest
 //!   normal request goes next, after the retry and forced lanes.
 //! - Forced admissions count as boosted admissions for S4 (a forced request is boosted).
+//! - Tenants (issue \[11\], SPEC S15's "per-user fairness" seam): S3-S5 apply within each
+//!   tenant's lanes (S4's count and S5's streak are the tenant's own), and [`fair`] picks the
+//!   tenant of each admission; the retry lane is the model's and goes first. The S4 check runs
+//!   before each admission for the head of the tenant order (under S16 also for each tenant the
+//!   placement scan reaches), so no tenant admits a boosted request without one.
 //! - S7's "backend recorded for the request's session" is read when the request arrives, by the
 //!   same tracker lookup as the boost decision (a follow-up arrives after its previous turn
 //!   completed, so the two moments agree but for concurrent requests of one session).
@@ -47,6 +55,7 @@
 
 mod derive;
 pub mod estimate;
+pub mod fair;
 pub mod heap;
 mod inspect;
 mod placement;
@@ -55,6 +64,8 @@ pub mod prefix;
 mod queue;
 pub mod tracker;
 
+#[cfg(test)]
+mod fair_tests;
 #[cfg(any(test, fuzzing))]
 pub mod harness;
 #[cfg(any(test, fuzzing))]
@@ -149,7 +160,13 @@ pub struct Arrival {
     /// S16: the [`PromptPool`](crate::ring::prompt_pool::PromptPool) slot holding the prompt's
     /// block hashes, or [`NO_PROMPT`]. The scheduler gives the slot back when the request ends.
     pub prompt: u32,
+    /// Issue \[11\]: the tenant its API key names, from 1; 0 = no tenant. An index the
+    /// scheduler has no weight for (a reload's tenant racing the reconfiguration) counts as 0.
+    pub tenant: u16,
 }
+
+// The tenant fits in what was padding: an arrival stays 40 bytes on the inbox ring.
+const _: () = assert!(std::mem::size_of::<Arrival>() == 40);
 
 /// What a response's `usage` object said about its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +266,9 @@ pub struct Params {
     pub timer_resolution: Tick,
     /// S16, used when `routing` is `PrefixCost`.
     pub prefix: PrefixParams,
+    /// Issue \[11\]: the fair-share weight (1 to 1,000) of each tenant, tenant `t` at
+    /// `t - 1`; tenant 0 (no tenant) has weight 1. Empty: no tenants, today's single queue.
+    pub tenant_weights: Vec<u16>,
 }
 
 /// The prefill budget of each backend (S6.3).
@@ -387,10 +407,9 @@ pub struct Scheduler {
     /// Healthy, non-ejected backends.
     usable: u16,
     next_seq: u64,
-    /// Boosted admissions so far (S4).
-    boosted_admits: u64,
-    /// Non-forced boosted admissions in a row while normal requests wait (S5).
-    streak: u32,
+    /// Per tenant: virtual time and keys (issue \[11\]), boosted admissions (S4) and the
+    /// streak (S5).
+    fair: fair::Fair,
     cursor: u16,
     shutting_down: bool,
     expired: Vec<(Tick, Timer)>,
@@ -424,12 +443,15 @@ impl Scheduler {
         for backend in &mut backends {
             backend.budget = initial_budget(params.prefill_tokens_per_backend);
         }
+        let fair = fair::Fair::new(&params.tenant_weights);
+        let mut queue = Queue::with_capacity(arena as u32);
+        queue.grow_tenants(fair.len());
         Scheduler {
             prefix,
             derived,
             learned: Learned::new(usize::from(params.backends), arena as usize),
             gates: Gates::of(&params),
-            queue: Queue::with_capacity(arena as u32),
+            queue,
             tracker: SessionTracker::with_capacity(params.max_sessions as usize),
             wheel: TimerWheel::new(timers, params.timer_resolution.max(1), now),
             backends,
@@ -440,8 +462,7 @@ impl Scheduler {
             held: 0,
             usable: params.backends,
             next_seq: 0,
-            boosted_admits: 0,
-            streak: 0,
+            fair,
             cursor: 0,
             shutting_down: false,
             // Grows (once, then keeps its capacity) only if more timers fall due in one poll.
@@ -517,6 +538,8 @@ impl Scheduler {
         let arena = u64::from(params.max_queued) + slots;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         self.queue.grow(arena as u32);
+        self.fair.grow(&params.tenant_weights);
+        self.queue.grow_tenants(self.fair.len());
         self.learned.grow(count, arena as usize);
         if let Some(prefix) = &mut self.prefix {
             prefix.grow(&params, arena as u32);
@@ -632,10 +655,12 @@ impl Scheduler {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
+        let tenant = if usize::from(arrival.tenant) < self.fair.len() { arrival.tenant } else { 0 };
         let mut entry = Entry::with_identity(id.0, session, identity, seq, now);
         entry.prompt_bytes = arrival.prompt_bytes;
         entry.streaming = arrival.streaming;
-        entry.boost_mark = self.boosted_admits;
+        entry.boost_mark = self.fair.get(tenant).boosted_admits as u32;
+        entry.tenant = tenant;
         entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
         entry.turn = last_turn.map_or(1, |turn| turn.turns.saturating_add(1));
         let index = self.queue.alloc(entry);
@@ -650,6 +675,9 @@ impl Scheduler {
             self.queue.enqueue(index, Lane::Boosted, completion.at);
         } else {
             self.queue.enqueue(index, Lane::Normal, 0);
+        }
+        if self.queue.tenant_queued(tenant) == 1 {
+            self.fair.enter(tenant);
         }
         self.arm_deadline(now, index);
     }
@@ -667,6 +695,8 @@ impl Scheduler {
         self.wheel.cancel(hold.timer);
         self.release_hold(hold.backend);
         self.stats.grace_hits += 1;
+        let tokens = self.prompt_tokens(index);
+        self.fair.charge_direct(self.queue.tenant_of(index), tokens);
         self.bind(now, index, hold.backend, Lane::Boosted, true, out);
         true
     }
@@ -677,10 +707,35 @@ impl Scheduler {
         }
     }
 
-    /// Takes a queued entry out of its lane and disarms its deadline.
+    /// Takes a queued entry out of its lane and disarms its deadline; its tenant leaves the
+    /// tenant order with its last queued request.
     fn unqueue(&mut self, index: u32) -> Lane {
         self.queue.disarm_deadline(index);
-        self.queue.dequeue(index)
+        let lane = self.queue.dequeue(index);
+        let tenant = self.queue.tenant_of(index);
+        if lane != Lane::Retry && self.queue.tenant_queued(tenant) == 0 {
+            self.fair.leave(tenant);
+        }
+        lane
+    }
+
+    /// Takes a queued entry out of its lane to admit it: its tenant is charged its estimated
+    /// prompt tokens and takes its next place in the tenant order (a retry is not charged).
+    fn unqueue_admitted(&mut self, index: u32) {
+        self.queue.disarm_deadline(index);
+        if self.queue.dequeue(index) == Lane::Retry {
+            return;
+        }
+        let tenant = self.queue.tenant_of(index);
+        let queued = self.queue.tenant_queued(tenant) > 0;
+        if self.fair.len() == 1 {
+            // No tenants configured: one tenant's order needs no virtual time.
+            if !queued {
+                self.fair.leave(tenant);
+            }
+            return;
+        }
+        self.fair.served(tenant, self.prompt_tokens(index), queued);
     }
 
     fn cancel(&mut self, id: RequestId) {
@@ -915,13 +970,17 @@ impl Scheduler {
 
     fn shutdown(&mut self, out: &mut Vec<Output>) {
         self.shutting_down = true;
-        while let Some(index) = Lane::ALL.iter().find_map(|&lane| self.queue.first(lane)) {
-            let id = RequestId(self.queue.get(index).id);
-            self.unqueue(index);
-            self.drop_prompt(index);
-            self.queue.free(index);
-            self.stats.rejected_shutdown += 1;
-            out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
+        for tenant in 0..self.queue.tenants() as u16 {
+            while let Some(index) =
+                Lane::ALL.iter().find_map(|&lane| self.queue.first(lane, tenant))
+            {
+                let id = RequestId(self.queue.get(index).id);
+                self.unqueue(index);
+                self.drop_prompt(index);
+                self.queue.free(index);
+                self.stats.rejected_shutdown += 1;
+                out.push(Output::Reject { id, reason: RejectReason::ShuttingDown });
+            }
         }
         self.end_holds();
     }
@@ -935,8 +994,11 @@ impl Scheduler {
             && self.model_has_room()
             && self.gates.evaluate(&self.backends, now, &mut self.eligible)
         {
-            self.promote_overtaken();
-            let (index, lane) = self.next_in_order();
+            let tenant = self.fair.head();
+            if let Some(tenant) = tenant {
+                self.promote_overtaken(tenant);
+            }
+            let (index, lane) = self.next_in_order(tenant);
             let entry = self.queue.get(index);
             let home = entry.home;
             let avoid = if lane == Lane::Retry { entry.backend } else { NO_BACKEND };
@@ -951,7 +1013,7 @@ impl Scheduler {
                 &mut self.cursor,
             )
             .expect("an eligible backend exists");
-            self.unqueue(index);
+            self.unqueue_admitted(index);
             self.bind(now, index, backend, lane, affinity, out);
         }
     }
@@ -962,30 +1024,40 @@ impl Scheduler {
         u64::from(self.inflight + self.held) < capacity
     }
 
-    /// S4: before an admission, force the oldest boosted request once it has been overtaken
-    /// `max_overtakes` times.
-    fn promote_overtaken(&mut self) {
+    /// S4: before an admission, force `tenant`'s oldest boosted request once it has been
+    /// overtaken `max_overtakes` times by the tenant's boosted admissions.
+    fn promote_overtaken(&mut self, tenant: u16) {
         let bound = u64::from(self.params.max_overtakes);
-        let Some(oldest) = self.queue.oldest_boosted() else { return };
-        if bound > 0 && self.boosted_admits - self.queue.get(oldest).boost_mark >= bound {
+        let Some(oldest) = self.queue.oldest_boosted(tenant) else { return };
+        let admits = self.fair.get(tenant).boosted_admits;
+        let overtakes = (admits as u32).wrapping_sub(self.queue.get(oldest).boost_mark);
+        if bound > 0 && u64::from(overtakes) >= bound {
             self.queue.force(oldest);
             self.stats.forced += 1;
         }
     }
 
-    /// S3 with S5: the next request to admit and its lane.
-    fn next_in_order(&self) -> (u32, Lane) {
+    /// S3 with S5 for `tenant`: its lanes in serving order (the retry lane first).
+    fn lane_order(&self, tenant: u16) -> [Lane; 4] {
         let streak_max = self.params.boosted_streak_max;
-        let normal_due = streak_max > 0 && self.streak >= streak_max;
-        let order: [Lane; 4] = if normal_due {
+        if streak_max > 0 && self.fair.get(tenant).streak >= streak_max {
             [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
         } else {
             Lane::ALL
-        };
-        order
+        }
+    }
+
+    /// The next request to admit and its lane: the retry lane's head, else S3 with S5 in the
+    /// lanes of `tenant`, the head of the tenant order.
+    fn next_in_order(&self, tenant: Option<u16>) -> (u32, Lane) {
+        if let Some(index) = self.queue.first(Lane::Retry, 0) {
+            return (index, Lane::Retry);
+        }
+        let tenant = tenant.expect("admission with an empty queue");
+        self.lane_order(tenant)
             .iter()
-            .find_map(|&lane| self.queue.first(lane).map(|index| (index, lane)))
-            .expect("admission with an empty queue")
+            .find_map(|&lane| self.queue.first(lane, tenant).map(|index| (index, lane)))
+            .expect("a backlogged tenant with an empty queue")
     }
 
     /// Admits the (already unqueued) entry `index` to `backend`.
@@ -998,7 +1070,7 @@ impl Scheduler {
         affinity: bool,
         out: &mut Vec<Output>,
     ) {
-        self.count_admission(lane);
+        self.count_admission(lane, self.queue.tenant_of(index));
         let (tokens, predicted) = self.record_placement(now, index, backend);
         let entry = self.queue.get_mut(index);
         entry.place = Place::Admitted;
@@ -1049,16 +1121,18 @@ impl Scheduler {
         }
     }
 
-    fn count_admission(&mut self, lane: Lane) {
+    /// Counts an admission from `lane` of a request of `tenant`, for S4 and S5 (per tenant).
+    fn count_admission(&mut self, lane: Lane, tenant: u16) {
         self.stats.admitted[lane as usize] += 1;
-        let normal_waiting = self.queue.lane_len(Lane::Normal) > 0;
+        let normal_waiting = self.queue.tenant_lane_len(tenant, Lane::Normal) > 0;
+        let state = self.fair.get_mut(tenant);
         match lane {
             Lane::Boosted => {
-                self.boosted_admits += 1;
-                self.streak = if normal_waiting { self.streak + 1 } else { 0 };
+                state.boosted_admits += 1;
+                state.streak = if normal_waiting { state.streak + 1 } else { 0 };
             }
-            Lane::Forced => self.boosted_admits += 1,
-            Lane::Normal => self.streak = 0,
+            Lane::Forced => state.boosted_admits += 1,
+            Lane::Normal => state.streak = 0,
             Lane::Retry => {}
         }
     }

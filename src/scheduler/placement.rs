@@ -58,10 +58,11 @@ pub(super) struct Prefix {
     pub prompt_of: Vec<u32>,
     /// The fire time and key of the timer that ends the earliest wait, if armed.
     pub timer: Option<(Tick, TimerKey)>,
-    /// Scratch: the scan's candidates and the boosted heap's frontier.
+    /// Scratch: the scan's candidates, the boosted heap's frontier, the tenants in order.
     candidates: Vec<(u32, Lane)>,
     boosted: Vec<u32>,
     frontier: Vec<u32>,
+    tenants: Vec<u32>,
     /// Scratch: matched blocks per backend for one request.
     matched: Vec<usize>,
 }
@@ -105,6 +106,7 @@ impl Prefix {
             candidates: Vec::with_capacity(scan),
             boosted: Vec::with_capacity(scan),
             frontier: Vec::with_capacity(scan + 1),
+            tenants: Vec::with_capacity(scan),
             matched: vec![0; backends],
         }
     }
@@ -122,6 +124,7 @@ impl Prefix {
         self.candidates.reserve(scan.saturating_sub(self.candidates.len()));
         self.boosted.reserve(scan);
         self.frontier.reserve(scan + 1);
+        self.tenants.reserve(scan);
     }
 
     pub fn heap_bytes(&self) -> usize {
@@ -271,10 +274,12 @@ impl Scheduler {
             && self.model_has_room()
             && self.gates.evaluate(&self.backends, now, &mut self.eligible)
         {
-            self.promote_overtaken();
+            if let Some(tenant) = self.fair.head() {
+                self.promote_overtaken(tenant);
+            }
             let Some((index, lane, backend)) = self.place(now) else { break };
             let affinity = backend == self.queue.get(index).home;
-            self.unqueue(index);
+            self.unqueue_admitted(index);
             self.bind(now, index, backend, lane, affinity, out);
         }
     }
@@ -379,34 +384,54 @@ impl Scheduler {
         fastest
     }
 
-    /// The scan's candidates, in S3 order, at most `placement_scan_max`.
+    /// The scan's candidates, at most `placement_scan_max`: the retry lane, then the tenants
+    /// in tenant order (issue \[11\]), each in its S3 order with S5. A tenant other than the
+    /// head (whose S4 check ran before the scan) gets its S4 check when the scan reaches it,
+    /// so no tenant admits a boosted request without one.
     fn collect_candidates(&mut self) {
-        let prefix = self.prefix.as_mut().expect("prefix-cost state");
         let scan = (self.params.prefix.scan_max as usize).max(1);
-        let streak_max = self.params.boosted_streak_max;
-        let normal_due = streak_max > 0 && self.streak >= streak_max;
-        let order = if normal_due {
-            [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
-        } else {
-            Lane::ALL
-        };
+        let head = self.fair.head();
+        let prefix = self.prefix.as_mut().expect("prefix-cost state");
         prefix.candidates.clear();
-        for lane in order {
-            let room = scan - prefix.candidates.len();
-            if room == 0 {
+        self.collect_lane(Lane::Retry, 0, scan);
+        let prefix = self.prefix.as_mut().expect("checked");
+        let room = scan - prefix.candidates.len();
+        prefix.tenants.clear();
+        if room > 0 {
+            self.fair.first_k(room, &mut prefix.frontier, &mut prefix.tenants);
+        }
+        for at in 0..self.prefix.as_ref().expect("checked").tenants.len() {
+            if self.prefix.as_ref().expect("checked").candidates.len() >= scan {
                 break;
             }
-            if lane == Lane::Boosted {
-                prefix.boosted.clear();
-                self.queue.boosted_first_k(room, &mut prefix.frontier, &mut prefix.boosted);
-                prefix.candidates.extend(prefix.boosted.iter().map(|&i| (i, lane)));
-                continue;
+            let tenant = self.prefix.as_ref().expect("checked").tenants[at] as u16;
+            if Some(tenant) != head {
+                self.promote_overtaken(tenant);
             }
-            let mut next = self.queue.first(lane);
-            while let (Some(index), true) = (next, prefix.candidates.len() < scan) {
-                prefix.candidates.push((index, lane));
-                next = self.queue.next_in_lane(index);
+            for lane in &self.lane_order(tenant)[1..] {
+                self.collect_lane(*lane, tenant, scan);
             }
+        }
+    }
+
+    /// Appends `tenant`'s `lane` in its order to the candidates, up to `scan` in all.
+    fn collect_lane(&mut self, lane: Lane, tenant: u16, scan: usize) {
+        let prefix = self.prefix.as_mut().expect("prefix-cost state");
+        let room = scan - prefix.candidates.len();
+        if room == 0 {
+            return;
+        }
+        if lane == Lane::Boosted {
+            prefix.boosted.clear();
+            let (frontier, boosted) = (&mut prefix.frontier, &mut prefix.boosted);
+            self.queue.boosted_first_k(tenant, room, frontier, boosted);
+            prefix.candidates.extend(prefix.boosted.iter().map(|&i| (i, lane)));
+            return;
+        }
+        let mut next = self.queue.first(lane, tenant);
+        while let (Some(index), true) = (next, prefix.candidates.len() < scan) {
+            prefix.candidates.push((index, lane));
+            next = self.queue.next_in_lane(index);
         }
     }
 

@@ -27,6 +27,7 @@ fn params(backends: u16, inflight_per_backend: u32) -> Params {
         metrics_stale_after: 1 << 40,
         timer_resolution: 1 << 8,
         prefix: PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     }
 }
 
@@ -64,8 +65,14 @@ impl H {
         let pool = self.s.prompt_pool().expect("prefix-cost has a pool");
         let prompt = pool.acquire().expect("a free slot");
         pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
-        let arrival =
-            Arrival { id: RequestId(id), session, prompt_bytes: tokens * 4, streaming, prompt };
+        let arrival = Arrival {
+            id: RequestId(id),
+            session,
+            prompt_bytes: tokens * 4,
+            streaming,
+            prompt,
+            tenant: 0,
+        };
         self.send(Input::Arrive(arrival))
     }
 
@@ -82,6 +89,7 @@ impl H {
             prompt_bytes: tokens * 4,
             streaming: false,
             prompt,
+            tenant: 0,
         };
         let mut out = Vec::new();
         self.s.handle(self.now, Input::Arrive(arrival), &mut out);
@@ -239,6 +247,7 @@ fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
         prompt_bytes: 400,
         streaming: false,
         prompt: NO_PROMPT,
+        tenant: 0,
     };
     assert_eq!(h.send(Input::Arrive(arrival)), vec![(1, 0)]);
     assert_eq!(h.arrive(2, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![(2, 1)]);
@@ -354,8 +363,14 @@ impl H {
             *ends = hasher.ends();
         });
         let prompt_bytes = body.len() as u32;
-        let arrival =
-            Arrival { id: RequestId(id), session, prompt_bytes, streaming: false, prompt };
+        let arrival = Arrival {
+            id: RequestId(id),
+            session,
+            prompt_bytes,
+            streaming: false,
+            prompt,
+            tenant: 0,
+        };
         let mut out = Vec::new();
         self.s.handle(self.now, Input::Arrive(arrival), &mut out);
         self.s.check_invariants();

@@ -10,15 +10,21 @@
 //! from the entry), so the index costs about 5 bytes per slot.
 //!
 //! Lanes (SPEC S3, S4, 2.8), each an intrusive list through `Links::lane`:
-//! - `retry`: requests sent back after a retryable upstream failure, FIFO, served first;
-//! - `forced`: boosted requests promoted by bounded overtaking, FIFO (promotion always takes the
-//!   oldest boosted request, so appending keeps arrival order);
-//! - `boosted`: an [`IndexedHeap`] keyed by completion time (most recent first, ties by
-//!   arrival), plus an arrival-ordered list of the same entries, whose head is the oldest boosted
-//!   request in O(1) for the overtaking check;
-//! - `normal`: FIFO by arrival.
+//! - `retry`: requests sent back after a retryable upstream failure, FIFO, served first; one
+//!   for the whole model;
+//! - per tenant (issue \[11\]; tenant 0 is "no tenant", the only one without `[[tenant]]`):
+//!   - `forced`: boosted requests promoted by bounded overtaking, FIFO (promotion always takes
+//!     the oldest boosted request, so appending keeps arrival order);
+//!   - `boosted`: an [`IndexedHeap`] keyed by completion time (most recent first, ties by
+//!     arrival), plus an arrival-ordered list of the same entries, whose head is the oldest
+//!     boosted request in O(1) for the overtaking check;
+//!   - `normal`: FIFO by arrival.
 //!
-//! A queued entry is in exactly one lane list; a boosted one is also in the heap.
+//! A queued entry is in exactly one lane list, of its own tenant (`Entry::tenant`); a boosted
+//! one is also in its tenant's heap. Tenant 0's heap is preallocated for the whole arena; another tenant's starts
+//! with [`TENANT_HEAP_START`] slots and grows to its high-water mark (doubling, so at most
+//! log2(arena) allocations per tenant over a process's life, none in a steady state): a heap
+//! per tenant sized for the arena would take `tenants × arena × 16` bytes.
 //!
 //! Queue deadlines (S9) are `enqueue tick + queue.timeout`, so they grow in enqueue order: a
 //! FIFO of the queued entries in enqueue order (a second intrusive list, through
@@ -70,8 +76,12 @@ pub(crate) struct Entry {
     pub seq: u64,
     /// Tick of arrival (queue wait is measured from it).
     pub arrived_at: Tick,
-    /// Boosted admissions counted when this request arrived (S4).
-    pub boost_mark: u64,
+    /// Its tenant's boosted admissions counted when this request arrived (S4), modulo 2^32:
+    /// S4 compares a wrapping difference, exact while fewer than 2^32 boosted admissions
+    /// overtake one request (32 bits, so that the tenant fits in the entry's cache line).
+    pub boost_mark: u32,
+    /// Issue \[11\]: its tenant (0 = none).
+    pub tenant: u16,
     /// Queue deadline while queued with one, else [`NO_DEADLINE`].
     pub deadline: Tick,
     /// Bytes of the request body: its prompt tokens are estimated from them at admission,
@@ -104,6 +114,7 @@ impl Entry {
         seq: 0,
         arrived_at: 0,
         boost_mark: 0,
+        tenant: 0,
         deadline: NO_DEADLINE,
         prompt_bytes: 0,
         backend: NO_BACKEND,
@@ -240,17 +251,56 @@ impl List {
     const EMPTY: List = List { head: NIL, tail: NIL, len: 0 };
 }
 
+/// Slots a tenant's boosted heap starts with (tenant 0's has the whole arena).
+pub(crate) const TENANT_HEAP_START: usize = 16;
+
+/// One tenant's lanes: the forced, boosted (arrival order) and normal lists, indexed by
+/// `Lane as usize - 1`, and the boosted heap.
+#[derive(Debug)]
+struct Lanes {
+    lists: [List; 3],
+    boosted: IndexedHeap,
+}
+
+impl Lanes {
+    fn with_heap(capacity: usize) -> Lanes {
+        Lanes { lists: [List::EMPTY; 3], boosted: IndexedHeap::with_capacity(capacity) }
+    }
+
+    #[inline]
+    fn queued(&self) -> u32 {
+        self.lists.iter().map(|list| list.len).sum()
+    }
+}
+
+/// The list of `lane` for `tenant` (the retry lane is the model's).
+#[inline]
+fn lane_list<'a>(
+    retry: &'a mut List,
+    tenants: &'a mut [Lanes],
+    lane: Lane,
+    tenant: u16,
+) -> &'a mut List {
+    match lane {
+        Lane::Retry => retry,
+        _ => &mut tenants[usize::from(tenant)].lists[lane as usize - 1],
+    }
+}
+
 /// The arena, the id index and the lanes.
 #[derive(Debug)]
 pub(crate) struct Queue {
     arena: Arena,
     free_head: u32,
     ids: HashTable<u32>,
-    /// One list per lane, indexed by `Lane as usize`; the boosted one is in arrival order.
-    lists: [List; 4],
+    /// The model's retry lane.
+    retry: List,
+    /// Per tenant, its lanes.
+    tenants: Vec<Lanes>,
+    /// Queued entries per lane, all tenants, indexed by `Lane as usize`.
+    lens: [u32; 4],
     /// Queued entries with a deadline, in enqueue (= deadline) order.
     deadlines: List,
-    boosted: IndexedHeap,
     live: u32,
     /// Live entries (queued or admitted) per session: `warmpath_sessions_active`.
     sessions: Sessions,
@@ -358,9 +408,10 @@ impl Queue {
             arena: Arena { entries: vec![Entry::FREE; capacity as usize], links },
             free_head: 0,
             ids: HashTable::with_capacity(capacity as usize),
-            lists: [List::EMPTY; 4],
+            retry: List::EMPTY,
+            tenants: vec![Lanes::with_heap(capacity as usize)],
+            lens: [0; 4],
             deadlines: List::EMPTY,
-            boosted: IndexedHeap::with_capacity(capacity as usize),
             live: 0,
             sessions: Sessions::with_capacity(capacity),
         }
@@ -371,8 +422,22 @@ impl Queue {
         self.arena.entries.capacity() * std::mem::size_of::<Entry>()
             + self.arena.links.capacity() * std::mem::size_of::<Links>()
             + self.ids.allocation_size()
-            + self.boosted.heap_bytes()
+            + self.tenants.iter().map(|t| t.boosted.heap_bytes()).sum::<usize>()
+            + self.tenants.capacity() * std::mem::size_of::<Lanes>()
             + self.sessions.heap_bytes()
+    }
+
+    /// Room for tenants `0..count` (a reload; never shrinks).
+    pub fn grow_tenants(&mut self, count: usize) {
+        let start = TENANT_HEAP_START.min(self.capacity() as usize);
+        while self.tenants.len() < count {
+            self.tenants.push(Lanes::with_heap(start));
+        }
+    }
+
+    /// Tenants the queue has lanes for.
+    pub fn tenants(&self) -> usize {
+        self.tenants.len()
     }
 
     /// Sessions with a request queued or admitted.
@@ -397,7 +462,7 @@ impl Queue {
         let entries = &self.arena.entries;
         let additional = (capacity - self.live) as usize;
         self.ids.reserve(additional, |&i| hash_id(entries[i as usize].id));
-        self.boosted.reserve_total(capacity as usize);
+        self.tenants[0].boosted.reserve_total(capacity as usize);
         self.sessions.grow(capacity);
     }
 
@@ -451,6 +516,8 @@ impl Queue {
     /// Takes a free entry for `entry` and indexes its id. Panics when the arena is full: the
     /// owner sizes it for `max_queued` plus every admission slot.
     pub fn alloc(&mut self, entry: Entry) -> u32 {
+        let tenant = entry.tenant;
+        debug_assert!(usize::from(tenant) < self.tenants.len(), "tenant {tenant} has no lanes");
         let index = self.free_head;
         assert!(index != NIL, "request arena exhausted (capacity {})", self.capacity());
         self.free_head = self.arena.links[index as usize].lane.next;
@@ -500,22 +567,44 @@ impl Queue {
         self.live -= 1;
     }
 
-    /// Number of queued requests in `lane`.
+    /// Number of queued requests in `lane`, all tenants.
+    #[inline]
     pub fn lane_len(&self, lane: Lane) -> u32 {
-        self.lists[lane as usize].len
+        self.lens[lane as usize]
     }
 
     /// Number of queued requests, all lanes.
     pub fn queued(&self) -> u32 {
-        self.lists.iter().map(|list| list.len).sum()
+        self.lens.iter().sum()
     }
 
-    /// Head of a FIFO lane (`Retry`, `Forced`, `Normal`) or the top of the boosted heap.
-    pub fn first(&self, lane: Lane) -> Option<u32> {
-        if lane == Lane::Boosted {
-            return self.boosted.peek();
-        }
-        let head = self.lists[lane as usize].head;
+    /// The tenant of entry `index`.
+    #[inline]
+    pub fn tenant_of(&self, index: u32) -> u16 {
+        self.arena.entries[index as usize].tenant
+    }
+
+    /// Queued requests of `tenant` (the retry lane is nobody's).
+    #[inline]
+    pub fn tenant_queued(&self, tenant: u16) -> u32 {
+        self.tenants[usize::from(tenant)].queued()
+    }
+
+    /// Queued requests of `tenant` in `lane` (not `Retry`).
+    #[inline]
+    pub fn tenant_lane_len(&self, tenant: u16, lane: Lane) -> u32 {
+        self.tenants[usize::from(tenant)].lists[lane as usize - 1].len
+    }
+
+    /// Head of a FIFO lane (`Retry`, `Forced`, `Normal`) or the top of the boosted heap, of
+    /// `tenant` (the retry lane is the model's).
+    #[inline]
+    pub fn first(&self, lane: Lane, tenant: u16) -> Option<u32> {
+        let head = match lane {
+            Lane::Retry => self.retry.head,
+            Lane::Boosted => return self.tenants[usize::from(tenant)].boosted.peek(),
+            _ => self.tenants[usize::from(tenant)].lists[lane as usize - 1].head,
+        };
         (head != NIL).then_some(head)
     }
 
@@ -526,26 +615,37 @@ impl Queue {
         (next != NIL).then_some(next)
     }
 
-    /// Appends the first `k` boosted requests in admission order (S3) to `out`; `frontier` is
-    /// scratch space.
-    pub fn boosted_first_k(&self, k: usize, frontier: &mut Vec<u32>, out: &mut Vec<u32>) {
-        self.boosted.first_k(k, &self.arena, frontier, out);
+    /// Appends the first `k` boosted requests of `tenant` in admission order (S3) to `out`;
+    /// `frontier` is scratch space.
+    pub fn boosted_first_k(
+        &self,
+        tenant: u16,
+        k: usize,
+        frontier: &mut Vec<u32>,
+        out: &mut Vec<u32>,
+    ) {
+        self.tenants[usize::from(tenant)].boosted.first_k(k, &self.arena, frontier, out);
     }
 
-    /// The oldest boosted (not forced) request.
-    pub fn oldest_boosted(&self) -> Option<u32> {
-        let head = self.lists[Lane::Boosted as usize].head;
+    /// The oldest boosted (not forced) request of `tenant`.
+    #[inline]
+    pub fn oldest_boosted(&self, tenant: u16) -> Option<u32> {
+        let head = self.tenants[usize::from(tenant)].lists[Lane::Boosted as usize - 1].head;
         (head != NIL).then_some(head)
     }
 
-    /// Queues `index` in `lane`. `boost_key` orders the boosted heap (most recent completion
-    /// first); it is ignored for other lanes.
+    /// Queues `index` in `lane` of its tenant. `completed_at` orders the boosted heap (most
+    /// recent completion first); it is ignored for other lanes.
     pub fn enqueue(&mut self, index: u32, lane: Lane, completed_at: Tick) {
         self.get_mut(index).place = Place::Queued(lane);
+        let tenant = self.arena.entries[index as usize].tenant;
         if lane == Lane::Boosted {
-            self.boosted.push(u64::MAX - completed_at, index, &mut self.arena);
+            let heap = &mut self.tenants[usize::from(tenant)].boosted;
+            heap.push(u64::MAX - completed_at, index, &mut self.arena);
         }
-        self.arena.push_back(&mut self.lists[lane as usize], Via::Lane, index);
+        let list = lane_list(&mut self.retry, &mut self.tenants, lane, tenant);
+        self.arena.push_back(list, Via::Lane, index);
+        self.lens[lane as usize] += 1;
     }
 
     /// Takes `index` out of its lane; it stays allocated.
@@ -553,11 +653,14 @@ impl Queue {
         let Place::Queued(lane) = self.get(index).place else {
             panic!("dequeue of entry {index} that is not queued");
         };
+        let tenant = self.arena.entries[index as usize].tenant;
         if lane == Lane::Boosted {
             let position = self.arena.links[index as usize].heap_position;
-            self.boosted.remove(position, &mut self.arena);
+            self.tenants[usize::from(tenant)].boosted.remove(position, &mut self.arena);
         }
-        self.arena.unlink(&mut self.lists[lane as usize], Via::Lane, index);
+        let list = lane_list(&mut self.retry, &mut self.tenants, lane, tenant);
+        self.arena.unlink(list, Via::Lane, index);
+        self.lens[lane as usize] -= 1;
         self.get_mut(index).place = Place::Free;
         lane
     }
@@ -603,12 +706,21 @@ impl Queue {
     /// Checks lists, heap, id index and free list against each other; panics on a violation.
     pub fn check_invariants(&self) {
         let Arena { entries, links } = &self.arena;
-        for lane in Lane::ALL {
-            self.check_list(lane, self.lists[lane as usize], Via::Lane);
+        let mut lens = [self.retry.len, 0, 0, 0];
+        self.check_list(Lane::Retry, None, self.retry, Via::Lane);
+        for (tenant, lanes) in (0u16..).zip(&self.tenants) {
+            for lane in [Lane::Forced, Lane::Boosted, Lane::Normal] {
+                let list = lanes.lists[lane as usize - 1];
+                self.check_list(lane, Some(tenant), list, Via::Lane);
+                lens[lane as usize] += list.len;
+            }
+            let heap = &lanes.boosted;
+            heap.check_invariants(&self.arena, |index| links[index as usize].heap_position);
+            let boosted = lanes.lists[Lane::Boosted as usize - 1].len;
+            assert_eq!(heap.len() as u32, boosted, "heap/list size of tenant {tenant}");
         }
-        self.check_list(Lane::Normal, self.deadlines, Via::Deadline);
-        self.boosted.check_invariants(&self.arena, |index| links[index as usize].heap_position);
-        assert_eq!(self.boosted.len() as u32, self.lane_len(Lane::Boosted), "heap/list size");
+        assert_eq!(lens, self.lens, "lane lengths");
+        self.check_list(Lane::Normal, None, self.deadlines, Via::Deadline);
         let armed = entries.iter().filter(|entry| entry.deadline != NO_DEADLINE).count();
         assert_eq!(armed as u32, self.deadlines.len, "armed deadlines outside the list");
         let mut free = 0;
@@ -641,8 +753,9 @@ impl Queue {
         self.deadlines.len
     }
 
-    /// Checks one list's links, length and order: a lane list (`lane`) or the deadline list.
-    fn check_list(&self, lane: Lane, list: List, via: Via) {
+    /// Checks one list's links, length and order: a lane list (`lane`, of `tenant` but for the
+    /// retry lane) or the deadline list.
+    fn check_list(&self, lane: Lane, tenant: Option<u16>, list: List, via: Via) {
         let Arena { entries, links } = &self.arena;
         let link = |index: u32| match via {
             Via::Lane => links[index as usize].lane,
@@ -658,6 +771,8 @@ impl Queue {
                 assert!(earlier, "deadlines out of order at {index}");
             } else {
                 assert_eq!(entry.place, Place::Queued(lane), "entry {index} in the wrong list");
+                let owner = entry.tenant;
+                assert!(tenant.is_none_or(|t| t == owner), "entry {index} in another's lane");
                 let ordered =
                     lane == Lane::Retry || prev == NIL || entries[prev as usize].seq < entry.seq;
                 assert!(ordered, "{lane:?} list out of order");

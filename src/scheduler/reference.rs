@@ -19,6 +19,15 @@
 //! from the hand. The integer formulas are the definitions, so they are written out the same.
 //! [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
 //! compares every output.
+//!
+//! Fair share across tenants (issue \[11\], [`super::fair`]) is restated with a key per
+//! tenant (`None` while it has nothing queued outside the retry lane) and a linear scan for
+//! the smallest `(key, tenant)`: the retry lane first, then the lanes of that tenant in S3
+//! order with its own S4 count and S5 streak. A tenant that gets a request queued while it
+//! had none takes the key `max(finish, V)`; an admission in tenant order sets
+//! `V = max(V, key)`, `finish = max(finish, key) + tokens × SCALE / weight`, and the key to
+//! `finish` if the tenant still has requests queued; a grace hit adds its charge to
+//! `max(finish, V)`.
 
 use crate::clock::Tick;
 
@@ -54,6 +63,19 @@ struct Queued {
     placement_waited: bool,
     /// Issue [10]: the turn depth, the tracked session's completed turns plus one, else 1.
     turn: u16,
+    /// Issue [11]: its tenant (0 = none).
+    tenant: u16,
+}
+
+/// Issue [11]: a tenant's fair-share and S4/S5 state.
+#[derive(Debug, Clone)]
+struct Tenant {
+    weight: u64,
+    finish: u64,
+    /// Its place in the tenant order while it has requests queued.
+    key: Option<u64>,
+    boosted_admits: u64,
+    streak: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -108,8 +130,9 @@ pub struct Reference {
     backends: Vec<Backend>,
     /// (session, backend, deadline)
     holds: Vec<(u64, u16, Tick)>,
-    boosted_admits: u64,
-    streak: u32,
+    tenants: Vec<Tenant>,
+    /// Virtual time.
+    vtime: u64,
     cursor: u16,
     next_seq: u64,
     next_retry: u64,
@@ -147,8 +170,17 @@ impl Reference {
             tracker: SessionTracker::with_capacity(params.max_sessions as usize),
             backends: vec![backend; usize::from(params.backends)],
             holds: Vec::new(),
-            boosted_admits: 0,
-            streak: 0,
+            tenants: std::iter::once(1)
+                .chain(params.tenant_weights.iter().copied())
+                .map(|weight| Tenant {
+                    weight: u64::from(weight.max(1)),
+                    finish: 0,
+                    key: None,
+                    boosted_admits: 0,
+                    streak: 0,
+                })
+                .collect(),
+            vtime: 0,
             cursor: 0,
             next_seq: 0,
             next_retry: 0,
@@ -288,6 +320,7 @@ impl Reference {
                 index += 1;
             }
         }
+        self.settle();
         let resolution = self.resolution;
         self.holds.retain(|hold| hold.2.div_ceil(resolution) > now / resolution);
         for b in 0..self.backends.len() {
@@ -322,14 +355,17 @@ impl Reference {
                 self.stats.boost_declined += 1;
             }
         }
+        let tenant =
+            if usize::from(arrival.tenant) < self.tenants.len() { arrival.tenant } else { 0 };
         let mut request = Queued {
+            tenant,
             id: id.0,
             session: arrival.session,
             seq: self.next_seq,
             arrived_at: now,
             lane: Lane::Normal,
             completed_at: 0,
-            boost_mark: self.boosted_admits,
+            boost_mark: self.tenants[usize::from(tenant)].boosted_admits,
             deadline: self.p.queue_timeout.map(|t| now.saturating_add(t)),
             retry_order: 0,
             prompt_bytes: arrival.prompt_bytes,
@@ -348,17 +384,68 @@ impl Reference {
             if let Some(hold) = hold.filter(|&h| self.usable(self.holds[h].1)) {
                 let (_, backend, _) = self.holds.remove(hold);
                 self.stats.grace_hits += 1;
+                let charge = self.charge(&request);
+                let t = &mut self.tenants[usize::from(tenant)];
+                t.finish = t.finish.max(self.vtime) + charge;
                 return self.bind(now, request, backend, Lane::Boosted, true, out);
             }
             request.lane = Lane::Boosted;
             request.completed_at = completion.at;
         }
+        if !self.has_queued(tenant) {
+            let t = &mut self.tenants[usize::from(tenant)];
+            t.key = Some(t.finish.max(self.vtime));
+        }
         self.queued.push(request);
+    }
+
+    /// Issue [11]: whether `tenant` has requests queued outside the retry lane.
+    fn has_queued(&self, tenant: u16) -> bool {
+        self.queued.iter().any(|q| q.tenant == tenant && q.lane != Lane::Retry)
+    }
+
+    /// Issue [11]: tenants with nothing queued leave the tenant order.
+    fn settle(&mut self) {
+        for t in 0..self.tenants.len() {
+            if !self.has_queued(t as u16) {
+                self.tenants[t].key = None;
+            }
+        }
+    }
+
+    /// Issue [11]: the virtual time `request` costs its tenant.
+    fn charge(&self, request: &Queued) -> u64 {
+        let tokens = self.tokens_of(u64::from(request.prompt_bytes)).max(1);
+        tokens * super::fair::SCALE / self.tenants[usize::from(request.tenant)].weight
+    }
+
+    /// Issue [11]: the tenants with requests queued, by `(key, tenant)`.
+    fn tenant_order(&self) -> Vec<u16> {
+        let mut order: Vec<(u64, u16)> = (0..self.tenants.len())
+            .filter_map(|t| self.tenants[t].key.map(|key| (key, t as u16)))
+            .collect();
+        order.sort_unstable();
+        order.into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Issue [11]: `request` was admitted in tenant order.
+    fn served(&mut self, request: &Queued) {
+        if request.lane == Lane::Retry {
+            return;
+        }
+        let charge = self.charge(request);
+        let queued = self.has_queued(request.tenant);
+        let t = &mut self.tenants[usize::from(request.tenant)];
+        let start = t.key.expect("a served tenant has a key");
+        self.vtime = self.vtime.max(start);
+        t.finish = t.finish.max(start) + charge;
+        t.key = queued.then_some(t.finish);
     }
 
     fn cancel(&mut self, id: RequestId) {
         if let Some(index) = self.queued.iter().position(|q| q.id == id.0) {
             self.queued.remove(index);
+            self.settle();
             self.stats.cancelled += 1;
         } else if let Some(index) = self.admitted.iter().position(|a| a.request.id == id.0) {
             self.admitted.remove(index);
@@ -612,6 +699,7 @@ impl Reference {
             self.stats.rejected_shutdown += 1;
             out.push(Output::Reject { id: RequestId(gone.id), reason: RejectReason::ShuttingDown });
         }
+        self.settle();
         self.holds.clear();
     }
 
@@ -656,11 +744,15 @@ impl Reference {
             if self.queued.is_empty() || !room || !any {
                 return;
             }
-            self.force_oldest();
+            let head = self.tenant_order().first().copied();
+            if let Some(head) = head {
+                self.force_oldest(head);
+            }
             if self.p.routing == Routing::PrefixCost {
-                match self.place(now) {
+                match self.place(now, head) {
                     Some((index, backend)) => {
                         let request = self.queued.remove(index);
+                        self.served(&request);
                         let (lane, affinity) = (request.lane, backend == request.home);
                         self.bind(now, request, backend, lane, affinity, out);
                         continue;
@@ -668,30 +760,54 @@ impl Reference {
                     None => return,
                 }
             }
-            let index = self.pick();
+            let index = self.pick(head);
             let request = self.queued.remove(index);
+            self.served(&request);
             let (backend, affinity) = self.choose(&request, now);
             let lane = request.lane;
             self.bind(now, request, backend, lane, affinity, out);
         }
     }
 
-    fn force_oldest(&mut self) {
+    fn force_oldest(&mut self, tenant: u16) {
         let bound = u64::from(self.p.max_overtakes);
         let oldest = (0..self.queued.len())
-            .filter(|&i| self.queued[i].lane == Lane::Boosted)
+            .filter(|&i| self.queued[i].lane == Lane::Boosted && self.queued[i].tenant == tenant)
             .min_by_key(|&i| self.queued[i].seq);
+        let admits = self.tenants[usize::from(tenant)].boosted_admits;
         if let Some(i) = oldest {
-            if bound > 0 && self.boosted_admits - self.queued[i].boost_mark >= bound {
+            if bound > 0 && admits - self.queued[i].boost_mark >= bound {
                 self.queued[i].lane = Lane::Forced;
                 self.stats.forced += 1;
             }
         }
     }
 
-    /// The queued requests in S3 order.
-    fn in_order(&self) -> Vec<usize> {
-        let normal_due = self.p.boosted_streak_max > 0 && self.streak >= self.p.boosted_streak_max;
+    /// The first `scan` queued requests in scan order: the retry lane, then the tenants in
+    /// tenant order, each in S3 order with S5. Each tenant but the `head` (checked before)
+    /// gets its S4 check when the scan reaches it.
+    fn in_order(&mut self, head: Option<u16>, scan: usize) -> Vec<usize> {
+        let q = &self.queued;
+        let mut order: Vec<usize> = (0..q.len()).filter(|&i| q[i].lane == Lane::Retry).collect();
+        order.sort_by_key(|&i| q[i].retry_order);
+        order.truncate(scan);
+        for tenant in self.tenant_order() {
+            if order.len() >= scan {
+                break;
+            }
+            if Some(tenant) != head {
+                self.force_oldest(tenant);
+            }
+            order.extend(self.tenant_in_order(tenant));
+        }
+        order.truncate(scan);
+        order
+    }
+
+    /// `tenant`'s queued requests (not the retry lane's) in S3 order with S5.
+    fn tenant_in_order(&self, tenant: u16) -> Vec<usize> {
+        let streak = self.tenants[usize::from(tenant)].streak;
+        let normal_due = self.p.boosted_streak_max > 0 && streak >= self.p.boosted_streak_max;
         let rank = |lane: Lane| match (lane, normal_due) {
             (Lane::Retry, _) => 0,
             (Lane::Forced, _) => 1,
@@ -699,7 +815,8 @@ impl Reference {
             (Lane::Normal, false) | (Lane::Boosted, true) => 3,
         };
         let q = &self.queued;
-        let mut order: Vec<usize> = (0..q.len()).collect();
+        let mut order: Vec<usize> =
+            (0..q.len()).filter(|&i| q[i].tenant == tenant && q[i].lane != Lane::Retry).collect();
         order.sort_by_key(|&i| {
             let within = match q[i].lane {
                 Lane::Retry => (q[i].retry_order, 0),
@@ -756,10 +873,10 @@ impl Reference {
     }
 
     /// S16: the first request of the scan that can be placed, and where.
-    fn place(&mut self, now: Tick) -> Option<(usize, u16)> {
+    fn place(&mut self, now: Tick, head: Option<u16>) -> Option<(usize, u16)> {
         let scan = (self.p.prefix.scan_max as usize).max(1);
         let mut earliest: Option<Tick> = None;
-        for index in self.in_order().into_iter().take(scan) {
+        for index in self.in_order(head, scan) {
             let request = &self.queued[index];
             let home = request.home;
             if request.blocks.is_empty()
@@ -822,26 +939,15 @@ impl Reference {
         None
     }
 
-    fn pick(&self) -> usize {
-        let normal_due = self.p.boosted_streak_max > 0 && self.streak >= self.p.boosted_streak_max;
-        let order = if normal_due {
-            [Lane::Retry, Lane::Forced, Lane::Normal, Lane::Boosted]
-        } else {
-            [Lane::Retry, Lane::Forced, Lane::Boosted, Lane::Normal]
-        };
-        for lane in order {
-            let in_lane = (0..self.queued.len()).filter(|&i| self.queued[i].lane == lane);
-            let q = &self.queued;
-            let best = match lane {
-                Lane::Retry => in_lane.min_by_key(|&i| q[i].retry_order),
-                Lane::Boosted => in_lane.min_by_key(|&i| (u64::MAX - q[i].completed_at, q[i].seq)),
-                Lane::Forced | Lane::Normal => in_lane.min_by_key(|&i| q[i].seq),
-            };
-            if let Some(index) = best {
-                return index;
-            }
+    /// The retry lane's first request, else the first of `head`'s in S3 order with S5.
+    fn pick(&self, head: Option<u16>) -> usize {
+        let q = &self.queued;
+        let retry = (0..q.len()).filter(|&i| q[i].lane == Lane::Retry);
+        if let Some(index) = retry.min_by_key(|&i| q[i].retry_order) {
+            return index;
         }
-        unreachable!("pick on an empty queue")
+        let head = head.expect("pick on an empty queue");
+        self.tenant_in_order(head)[0]
     }
 
     fn choose(&mut self, request: &Queued, now: Tick) -> (u16, bool) {
@@ -881,14 +987,17 @@ impl Reference {
         out: &mut Vec<Output>,
     ) {
         self.stats.admitted[lane as usize] += 1;
-        let normal_waiting = self.queued.iter().any(|q| q.lane == Lane::Normal);
+        let tenant = request.tenant;
+        let normal_waiting =
+            self.queued.iter().any(|q| q.lane == Lane::Normal && q.tenant == tenant);
+        let t = &mut self.tenants[usize::from(tenant)];
         match lane {
             Lane::Boosted => {
-                self.boosted_admits += 1;
-                self.streak = if normal_waiting { self.streak + 1 } else { 0 };
+                t.boosted_admits += 1;
+                t.streak = if normal_waiting { t.streak + 1 } else { 0 };
             }
-            Lane::Forced => self.boosted_admits += 1,
-            Lane::Normal => self.streak = 0,
+            Lane::Forced => t.boosted_admits += 1,
+            Lane::Normal => t.streak = 0,
             Lane::Retry => {}
         }
         self.stats.affinity_hits += u64::from(affinity);

@@ -27,6 +27,7 @@ fn params() -> Params {
         metrics_stale_after: 5_000 * MS,
         timer_resolution: 1 << 10,
         prefix: super::PrefixParams::DEFAULT,
+        tenant_weights: Vec::new(),
     }
 }
 
@@ -72,6 +73,7 @@ impl Harness {
             prompt_bytes: tokens * 4,
             streaming,
             prompt: crate::ring::prompt_pool::NO_PROMPT,
+            tenant: 0,
         };
         self.send(Input::Arrive(arrival))
     }

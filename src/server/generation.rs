@@ -168,6 +168,8 @@ impl Generation {
             model.live = false;
         }
         let mut hosts = Vec::new();
+        let tenants = tenants(previous, &config.tenants)?;
+        let weights = tenant_weights(&tenants);
         for model_config in &config.models {
             let index = match models.iter().position(|m| m.name == model_config.name) {
                 Some(index) => index,
@@ -176,7 +178,8 @@ impl Generation {
                         return Err(format!("more than {MODELS_MAX} models since start"));
                     }
                     let home = models.len() % rings.len();
-                    let (model, host) = new_model(model_config, &config, clock, rings, home)?;
+                    let (model, host) =
+                        new_model(model_config, &config, &weights, clock, rings, home)?;
                     models.push(model);
                     let model = u16::try_from(models.len() - 1).expect("MODELS_MAX fits u16");
                     hosts.push(NewHost { home, model, host });
@@ -198,7 +201,6 @@ impl Generation {
             session_header: config.queue.session_header.to_ascii_lowercase(),
             ..Limits::default()
         };
-        let tenants = tenants(previous, &config.tenants)?;
         let keys = KeyTable::new(tenants.iter().zip(1u16..).filter(|(t, _)| t.live).flat_map(
             |(tenant, index)| tenant.config.api_key_sha256.iter().map(move |d| (*d, index)),
         ));
@@ -231,6 +233,7 @@ impl Generation {
         let model = &self.models[index];
         let mut params = scheduler_params(&model.config, &self.config.upstream, rate);
         params.backends = u16::try_from(model.backends.len()).expect("BACKENDS_MAX fits u16");
+        params.tenant_weights = tenant_weights(&self.tenants);
         params
     }
 
@@ -314,13 +317,22 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
             wait_max: rate.ticks(queue.affinity_wait_max),
             derive_sessions: queue.derive_sessions,
         },
+        tenant_weights: Vec::new(),
     }
 }
 
-/// A model's entry and scheduler, with its configured backends resolved.
+/// Issue [11]: the fair-share weight of every tenant since start, by index (a removed one keeps
+/// its last weight; its keys no longer work, so nothing of it arrives).
+fn tenant_weights(tenants: &[Tenant]) -> Vec<u16> {
+    tenants.iter().map(|t| u16::try_from(t.config.weight).unwrap_or(u16::MAX)).collect()
+}
+
+/// A model's entry and scheduler (`weights`: the tenants' fair-share weights), with its
+/// configured backends resolved.
 fn new_model(
     model: &ModelConfig,
     config: &Config,
+    weights: &[u16],
     clock: &Clock,
     rings: &[Arc<ShardRing>],
     home: usize,
@@ -330,7 +342,8 @@ fn new_model(
         .iter()
         .map(|authority| resolve(&model.name, authority))
         .collect::<Result<Vec<_>, _>>()?;
-    let params = scheduler_params(model, &config.upstream, clock.rate());
+    let mut params = scheduler_params(model, &config.upstream, clock.rate());
+    params.tenant_weights = weights.to_vec();
     let scheduler = Scheduler::new(params, clock.now());
     let prompts = scheduler.prompt_pool();
     let waker = InboxWaker::Loop(Arc::clone(rings[home].waker()));

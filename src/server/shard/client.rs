@@ -585,6 +585,7 @@ impl Clients {
             prompt_bytes: u32::try_from(body_len).unwrap_or(u32::MAX),
             streaming: self.requests[slot].streaming,
             prompt,
+            tenant: self.requests[slot].tenant,
         };
         if cx.inputs.arrive(gen, model, Input::Arrive(arrival)).is_err() {
             let pool = &gen.models[usize::from(model)].prompts;

@@ -416,6 +416,19 @@ fn bad_pairs_stop_the_start_and_half_a_table_is_refused() {
         "server.tls.cert = \"/etc/warmpath/cert.pem\": server.tls.key is not set: set both the \
          certificate and its key, or neither"
     );
+    // `--set server.tls.K` reaches the same keys.
+    let path = dir.join("base.toml");
+    std::fs::write(&path, &base).unwrap();
+    let set = |pairs: &[(&str, &str)]| Overrides {
+        set: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Overrides::default()
+    };
+    let both = set(&[("server.tls.cert", "/c.pem"), ("server.tls.key", "/k.pem")]);
+    let config = Config::load(Some(&path), &|_| None, &both).unwrap();
+    assert_eq!(config.server.tls.files(), Some((Path::new("/c.pem"), Path::new("/k.pem"))));
+    let one = set(&[("server.tls.key", "/k.pem")]);
+    let error = Config::load(Some(&path), &|_| None, &one).unwrap_err().to_string();
+    assert!(error.contains("server.tls.cert is not set"), "{error}");
     let typo = format!("{base}\n[server.tls]\ncert = \"c\"\nkeys = \"k\"\n");
     let error = Config::from_toml_str(&typo).unwrap_err().to_string();
     assert!(error.contains("unknown key \"server.tls.keys\""), "{error}");

@@ -416,6 +416,26 @@ fn bad_pairs_stop_the_start_and_half_a_table_is_refused() {
         "server.tls.cert = \"/etc/warmpath/cert.pem\": server.tls.key is not set: set both the \
          certificate and its key, or neither"
     );
+    // `warmpath check-config` reads the files as `serve` would: exit 2 and the error.
+    write_pair(&dir, &other.cert_pem, &expired.key_pem);
+    let path = dir.join("warmpath.toml");
+    std::fs::write(&path, toml(&setup(&backend), &dir)).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("runs warmpath");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("does not belong to the certificate"), "{stderr}");
+    write_pair(&dir, &other.cert_pem, &other.key_pem);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("runs warmpath");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("[server.tls]\ncert = "));
     // `--set server.tls.K` reaches the same keys.
     let path = dir.join("base.toml");
     std::fs::write(&path, &base).unwrap();

@@ -62,8 +62,11 @@ pub fn load(cert: &Path, key: &Path, now: u64) -> Result<Arc<ServerConfig>, Stri
         .load_private_key(key_der)
         .map_err(|e| format!("{key_name}: not a usable private key ({e})"))?;
     let certified = CertifiedKey::new(chain, signing_key);
-    certified.keys_match().map_err(|e| {
-        format!("{key_name} does not belong to the certificate in {cert_name} ({e})")
+    certified.keys_match().map_err(|e| match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            format!("{key_name} does not belong to the certificate in {cert_name}")
+        }
+        other => format!("{key_name} cannot be checked against {cert_name} ({other})"),
     })?;
     build(provider, certified).map_err(|e| format!("{cert_name}: {e}"))
 }

@@ -315,6 +315,11 @@ fn tls_garbage_closes_the_connection_and_the_router_keeps_serving() {
     let Err(error) = h2_only else { panic!("an h2-only client was served") };
     assert!(error.to_string().contains("NoApplicationProtocol"), "{error}");
 
+    // Counted: the plaintext request, the random bytes and the h2-only client (not the cut
+    // ClientHellos: a client that leaves or stalls is not a TLS error).
+    let admin = running.admin_addr();
+    client::wait_metric(admin, "warmpath_tls_errors_total", &[], |n| n == 3.0);
+
     // A plaintext client of the router's admin listener and a TLS client are both served.
     assert_eq!(healthy_with(addr, &[&cert]), cert.der);
     let (status, _) = reload(running.admin_addr());

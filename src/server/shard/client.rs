@@ -955,6 +955,9 @@ impl Clients {
         self.set_timer(key, None, cx);
         let Some(mut c) = self.conns.try_remove(key) else { return };
         let _ = cx.registry.deregister(&mut c.stream);
+        if c.tls_failed {
+            ShardMetrics::bump(&cx.metrics.tls_errors);
+        }
         if !c.gone {
             c.close_notify();
             discard_unread(&mut c.stream, &mut self.scratch);

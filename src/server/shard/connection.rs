@@ -63,6 +63,8 @@ pub(super) struct Client {
     pub(super) undrained: bool,
     /// Close once the response is flushed.
     pub(super) closing: bool,
+    /// The TLS session failed (`warmpath_tls_errors_total` counts it at the close).
+    pub(super) tls_failed: bool,
     /// The request being worked on: its slot in `Clients::requests`.
     pub(super) req: Option<u32>,
 }
@@ -87,6 +89,7 @@ impl Client {
             hup: false,
             undrained: false,
             closing: false,
+            tls_failed: false,
             req: None,
         }
     }
@@ -200,6 +203,7 @@ impl Client {
             }
         };
         let processed = tls.process_new_packets();
+        self.tls_failed |= processed.is_err();
         if send_records(tls, &mut self.stream).is_err() || processed.is_err() {
             self.gone = true;
         }

@@ -475,3 +475,56 @@ fn the_printed_configuration_shows_the_tls_table() {
     let plain = Config::from_toml_str(&setup(&backend).toml()).unwrap().to_toml();
     assert!(plain.contains("[server.tls]\ncert = \"\"\nkey = \"\"\n#   \"\": the main"), "{plain}");
 }
+
+/// `warmpath serve --config FILE`: SIGHUP re-reads the PEM files, as `POST /admin/reload`
+/// does: new connections get the new certificate, an open keep-alive one keeps going; SIGTERM
+/// then stops the process with status 0.
+#[test]
+fn the_binary_reloads_the_certificate_on_sighup() {
+    use std::process::{Command, Stdio};
+
+    let backend = Backend::start();
+    let dir = dir("sighup");
+    let (old, new) = (valid(), valid());
+    write_pair(&dir, &old.cert_pem, &old.key_pem);
+    let (listen, admin) =
+        (support::backend::refusing_address(), support::backend::refusing_address());
+    let setup = setup(&backend).server("listen", &listen).server("admin_listen", &admin);
+    let path = dir.join("warmpath.toml");
+    std::fs::write(&path, toml(&setup, &dir)).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
+    command.args(["serve", "--config", path.to_str().unwrap()]);
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    for (variable, _) in warmpath::config::ENV_VARS {
+        command.env_remove(variable);
+    }
+    let mut child = command.spawn().expect("the binary starts");
+    let signal = |name: &str| {
+        let status =
+            Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status();
+        assert!(status.unwrap().success());
+    };
+    let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
+    let both = [&old, &new];
+    let config = client_config(&both, &[b"http/1.1"]);
+    let mut open = support::wait_until("the binary to serve TLS", PATIENCE, || {
+        Tls::connect(addr, &config).ok()
+    });
+    assert_eq!(open.peer_cert(), old.der);
+
+    write_pair(&dir, &new.cert_pem, &new.key_pem);
+    signal("HUP");
+    support::wait_until("generation 2", PATIENCE, || {
+        (client::get(admin, "/debug/config").json()["generation"] == 2).then_some(())
+    });
+    assert_eq!(healthy_with(addr, &both), new.der);
+    let (status, _, _) = open.exchange(&chat_request(M, None, false)).unwrap();
+    assert_eq!(status, 200, "the open connection keeps going");
+    assert_eq!(open.peer_cert(), old.der);
+    drop(open);
+
+    signal("TERM");
+    let status =
+        support::wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("wait"));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

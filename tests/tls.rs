@@ -528,3 +528,30 @@ fn the_binary_reloads_the_certificate_on_sighup() {
         support::wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("wait"));
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// The limits apply through TLS as to plaintext: a head over `max_header_bytes` is 431, a head
+/// that never ends is 408 once `header_timeout` (1 s here) has passed; both close.
+#[test]
+fn limits_apply_through_tls() {
+    let backend = Backend::start();
+    let dir = dir("limits");
+    let cert = valid();
+    write_pair(&dir, &cert.cert_pem, &cert.key_pem);
+    let running = start(&setup(&backend).server("max_header_bytes", "1024"), &dir).unwrap();
+    let config = client_config(&[&cert], &[b"http/1.1"]);
+
+    let mut tls = Tls::connect(running.addr(), &config).unwrap();
+    let big = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(2000));
+    let (status, head, _) = tls.exchange(big.as_bytes()).unwrap();
+    assert_eq!(status, 431, "{head}");
+    let closed = tls.fill().map_err(|e| e.kind());
+    assert_eq!(closed, Err(io::ErrorKind::UnexpectedEof), "closed after the 431");
+
+    let mut tls = Tls::connect(running.addr(), &config).unwrap();
+    let (status, head, _) = tls.exchange(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    assert_eq!(status, 408, "{head}");
+    let closed = tls.fill().map_err(|e| e.kind());
+    assert_eq!(closed, Err(io::ErrorKind::UnexpectedEof), "closed after the 408");
+    running.shutdown();
+    running.wait();
+}

@@ -11,6 +11,13 @@
 #   body64k  a 65,536-byte chat body, small JSON back
 #   latency  the small request with LAT_CONNS connections (default 2): below saturation, about
 #            half of warmpath's peak rate here (see "Latency method" below)
+#   tls      the small request over TLS (issue [11]): warmpath and nginx each get a second
+#            listener with the same self-signed certificate (EC P-256, made with openssl per
+#            run), wrk speaks https to them; the backend hop stays plaintext. warmpath's is a
+#            second process (`warmpath-tls`, its main listener with [server.tls]); its CPU is
+#            that process's. CONNS keep-alive connections, so each handshake is amortised over
+#            the run: this is the record layer's cost, not the handshake's. The direct row
+#            stays the plaintext baseline; haproxy is left out (no TLS configured for it).
 # Per run: requests/s, p50 and p99 latency (wrk), responses with status >= 400 and socket
 # errors (wrk counts a response later than 2 s among them; a request never answered shows only
 # as lost throughput, and a run with no response at all is counted as such), and the proxy's
@@ -46,13 +53,13 @@
 # Usage: perf/proxy_compare.sh            (build warmpath first: cargo build --release)
 # Environment (defaults): ROUNDS=3 DURATION=5 (seconds per run, at most 10) CONNS=32
 #   LAT_CONNS=2 WARMUP=1 (seconds per target per scenario, not recorded) PIN=1
-#   SCENARIOS="small stream body64k latency" TARGETS="direct warmpath nginx haproxy"
+#   SCENARIOS="small stream body64k latency tls" TARGETS="direct warmpath nginx haproxy"
 #   WARMPATH=target/release/warmpath BASE_PORT=18100 KEEP_TMP=0 (1 keeps configs and logs)
 #   SHARDS=1 (warmpath's server.shards; with 2, run PIN=0: one core cannot show two shards)
 #   WARMPATH_B, WARMPATH_B_ENV: a second warmpath target `warmpath-b` (add it to TARGETS), the
 #   binary WARMPATH_B (default WARMPATH) with the environment assignments WARMPATH_B_ENV (e.g.
 #   "WARMPATH_X=1"), the same configuration: two builds or two settings side by side in one run
-# Needs wrk, nginx, its echo module (libnginx-mod-http-echo) and haproxy; installs what is
+# Needs wrk, nginx, its echo module (libnginx-mod-http-echo), haproxy and openssl; installs what is
 # missing with apt-get when run as root. Everything listens on 127.0.0.1 only, every process it
 # starts is stopped on exit. Defaults take about 5 minutes. Progress goes to stderr, the
 # markdown report to stdout.
@@ -67,7 +74,7 @@ CONNS=${CONNS:-32}
 LAT_CONNS=${LAT_CONNS:-2}
 WARMUP=${WARMUP:-1}
 PIN=${PIN:-1}
-SCENARIOS=${SCENARIOS:-small stream body64k latency}
+SCENARIOS=${SCENARIOS:-small stream body64k latency tls}
 TARGETS=${TARGETS:-direct warmpath nginx haproxy}
 WARMPATH=${WARMPATH:-target/release/warmpath}
 BASE_PORT=${BASE_PORT:-18100}
@@ -93,6 +100,7 @@ ensure_tools() {
   [[ -e $ECHO_MODULE ]] || pkgs+=(libnginx-mod-http-echo)
   command -v haproxy >/dev/null || pkgs+=(haproxy)
   command -v curl >/dev/null || pkgs+=(curl)
+  command -v openssl >/dev/null || pkgs+=(openssl)
   ((${#pkgs[@]} == 0)) && return
   if ((EUID == 0)) && command -v apt-get >/dev/null; then
     log "installing ${pkgs[*]} (apt-get)"
@@ -149,22 +157,35 @@ alloc_port WARMPATH_PORT
 alloc_port WARMPATH_ADMIN_PORT
 alloc_port WARMPATH_B_PORT
 alloc_port WARMPATH_B_ADMIN_PORT
+alloc_port NGINX_TLS_PORT
+alloc_port WARMPATH_TLS_PORT
+alloc_port WARMPATH_TLS_ADMIN_PORT
 
 # --- Configurations and bodies ---------------------------------------------------------------------
 
 render() { # TEMPLATE OUT DIR PORT [ADMIN_PORT]: fill in the @VARS@ of a template in perf/proxy
   sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
     -e "s|@ADMIN_PORT@|${5:-$WARMPATH_ADMIN_PORT}|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
-    -e "s|@SHARDS@|$SHARDS|g" "$HERE/$1" >"$2"
+    -e "s|@SHARDS@|$SHARDS|g" -e "s|@TLS_PORT@|$NGINX_TLS_PORT|g" -e "s|@TLS_DIR@|$TMP/tls|g" \
+    "$HERE/$1" >"$2"
 }
 
 mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/warmpath-b" "$TMP/body"
+mkdir -p "$TMP/warmpath-tls" "$TMP/tls"
+# The tls scenario's certificate, the same for warmpath and nginx: self-signed, EC P-256.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj /CN=localhost -keyout "$TMP/tls/key.pem" -out "$TMP/tls/cert.pem" 2>/dev/null ||
+  die "openssl could not make the test certificate"
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
 render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
 render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$WARMPATH_PORT"
 render warmpath.toml "$TMP/warmpath-b/warmpath.toml" "$TMP/warmpath-b" "$WARMPATH_B_PORT" \
   "$WARMPATH_B_ADMIN_PORT"
+render warmpath.toml "$TMP/warmpath-tls/warmpath.toml" "$TMP/warmpath-tls" "$WARMPATH_TLS_PORT" \
+  "$WARMPATH_TLS_ADMIN_PORT"
+printf '\n[server.tls]\ncert = "%s"\nkey = "%s"\n' "$TMP/tls/cert.pem" "$TMP/tls/key.pem" \
+  >>"$TMP/warmpath-tls/warmpath.toml"
 
 # The stream: 50 chat.completion.chunk events and [DONE], each written and flushed on its own
 # (echo module), so the proxy relays a chunked stream as an engine sends it.
@@ -189,10 +210,18 @@ scenario_conns() { if [[ $1 == latency ]]; then echo "$LAT_CONNS"; else echo "$C
 # --- Start the backend and the proxies ----------------------------------------------------------
 
 declare -A PORT CPU_PIDS
+url() { # NAME: the base URL of a target (https for the TLS listeners)
+  if [[ $1 == *-tls ]]; then echo "https://127.0.0.1:${PORT[$1]}"; else echo "http://127.0.0.1:${PORT[$1]}"; fi
+}
+# The process and listener a target is measured on in a scenario: in tls, warmpath-tls and
+# nginx-tls (nginx's own TLS server block); everything else as named.
+key_of() { # SCENARIO TARGET
+  if [[ $1 == tls && ($2 == warmpath || $2 == nginx) ]]; then echo "$2-tls"; else echo "$2"; fi
+}
 wait_http() { # URL PID: until URL answers 2xx (10 s), while PID lives
   local i
   for i in {1..100}; do
-    curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+    curl -kfsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 0.1
   done
@@ -207,7 +236,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
   pid=$!
   STARTED+=("$pid")
   CPU_PIDS[$name]=$pid
-  if ! wait_http "http://127.0.0.1:${PORT[$name]}$ready" "$pid"; then
+  if ! wait_http "$(url "$name")$ready" "$pid"; then
     log "$name did not become ready on 127.0.0.1:${PORT[$name]}; its log:"
     tail -n 20 "$TMP/$name.log" >&2
     return 1
@@ -216,6 +245,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
 
 PORT[backend]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT PORT[haproxy]=$HAPROXY_PORT
 PORT[warmpath]=$WARMPATH_PORT PORT[warmpath-b]=$WARMPATH_B_PORT
+PORT[nginx-tls]=$NGINX_TLS_PORT PORT[warmpath-tls]=$WARMPATH_TLS_PORT
 start backend /health "${PIN_LOAD[@]}" -- \
   nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" ||
   die "backend failed to start"
@@ -230,6 +260,7 @@ for target in $TARGETS; do
       start nginx /health "${PIN_PROXY[@]}" -- \
         nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" ||
         die "nginx proxy failed to start"
+      CPU_PIDS[nginx-tls]=${CPU_PIDS[nginx]} # the same process, its TLS server block
       active+=(nginx)
       ;;
     haproxy)
@@ -243,6 +274,10 @@ for target in $TARGETS; do
       elif start warmpath /readyz "${PIN_PROXY[@]}" -- \
         "$WARMPATH" serve --config "$TMP/warmpath/warmpath.toml"; then
         active+=(warmpath)
+        if [[ " $SCENARIOS " == *" tls "* ]] && ! start warmpath-tls /readyz "${PIN_PROXY[@]}" -- \
+          "$WARMPATH" serve --config "$TMP/warmpath-tls/warmpath.toml"; then
+          log "warmpath-tls did not become ready (/readyz) within 10 s"
+        fi
       else
         log "skipping warmpath: it did not become ready (/readyz) within 10 s"
       fi
@@ -268,10 +303,21 @@ for scenario in $SCENARIOS; do
     -H 'Content-Type: application/json' "http://127.0.0.1:$BACKEND_PORT$(scenario_path "$scenario")"
   for target in "${active[@]}"; do
     got=$TMP/got.$scenario.$target
+    key=$(key_of "$scenario" "$target")
+    if [[ $scenario == tls && $target != direct && $key == "$target" ]]; then
+      EXCLUDED[$scenario.$target]="no TLS listener is configured for it"
+      log "excluding $target from $scenario: ${EXCLUDED[$scenario.$target]}"
+      continue
+    fi
+    if [[ -z ${CPU_PIDS[$key]:-} ]]; then
+      EXCLUDED[$scenario.$target]="$key did not start"
+      log "excluding $target from $scenario: ${EXCLUDED[$scenario.$target]}"
+      continue
+    fi
     # Sent as wrk sends it: one write, no Expect: 100-continue.
-    code=$(curl -sS -o "$got" -w '%{http_code}' --max-time 5 --data-binary @"$(scenario_body "$scenario")" \
+    code=$(curl -ksS -o "$got" -w '%{http_code}' --max-time 5 --data-binary @"$(scenario_body "$scenario")" \
       -H 'Content-Type: application/json' -H 'Expect:' \
-      "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")" || true)
+      "$(url "$key")$(scenario_path "$scenario")" || true)
     if [[ $code == 000 ]]; then
       EXCLUDED[$scenario.$target]="the pre-flight request got no response (connection failed or 5 s passed)"
     elif [[ $code != 200 ]] || ! cmp -s "$expected" "$got"; then
@@ -304,14 +350,15 @@ core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /
 RESULTS=$TMP/results.tsv
 run_wrk() { # SCENARIO TARGET SECONDS: prints wrk's RESULT line, the proxy's ticks over the run
   # and core 0's busy ticks (proxy included: the rest is someone else's load on the proxy core)
-  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 out
+  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 out key
+  key=$(key_of "$scenario" "$target")
   c0=$(core_busy)
-  t0=$(proc_ticks "${CPU_PIDS[$target]}")
+  t0=$(proc_ticks "${CPU_PIDS[$key]}")
   out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
     -d"${seconds}s" --timeout 2s -s "$HERE/post.lua" \
-    "http://127.0.0.1:${PORT[$target]}$(scenario_path "$scenario")" 2>&1) ||
+    "$(url "$key")$(scenario_path "$scenario")" 2>&1) ||
     die "wrk against $target ($scenario) failed: $out"
-  t1=$(proc_ticks "${CPU_PIDS[$target]}")
+  t1=$(proc_ticks "${CPU_PIDS[$key]}")
   c1=$(core_busy)
   grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
   printf '%s ticks=%d core0=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) $((c1 - c0))
@@ -418,8 +465,8 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
         if (broken[k]) printf "**%s stalled**: %s req/s, %d of %d runs with no response at all; left out of the comparisons.\n",
           T, grp(med[k, "rps"]), stalled[k], cnt[k] }
       if (num[w, "cpu"] && num[x, "cpu"] && !broken[w] && !broken[x])
-        printf "warmpath / nginx: CPU per request %.2f (target <= 0.7), req/s %.2f (target >= 1.2).\n",
-          med[w, "cpu"] / med[x, "cpu"], med[w, "rps"] / med[x, "rps"]
+        printf "warmpath / nginx: CPU per request %.2f (target <= %s), req/s %.2f (target >= 1.2).\n",
+          med[w, "cpu"] / med[x, "cpu"], S == "tls" ? "0.8, both with TLS" : "0.7", med[w, "rps"] / med[x, "rps"]
       if (num[d, "p50"]) {
         line = ""
         for (t = 1; t <= nt; t++) { T = tg[t]; k = S SUBSEP T

@@ -211,6 +211,15 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // `[server.tls]`'s files are read as `serve` would read them, so that a bad pair shows
+    // here rather than at the start or reload it would stop.
+    if let Some((cert, key)) = config.server.tls.files() {
+        if let Err(error) = crate::server::tls::load(cert, key, crate::clock::wall_time().as_secs())
+        {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(config.to_toml().as_bytes()).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,

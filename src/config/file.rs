@@ -18,7 +18,17 @@ pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
         }
     }
     if let Some(value) = document.get("server") {
-        apply(section(value, "server")?, "server", "", |k, raw| config.server.set(k, raw))?;
+        let table = section(value, "server")?;
+        // `[server.tls]` is a table of its own; a dotted key written in `[server]` is unknown.
+        apply(table, "server", "", |key, raw| match key {
+            "tls" => Ok(()),
+            _ if key.contains('.') => Err(SetError::UnknownKey),
+            _ => config.server.set(key, raw),
+        })?;
+        if let Some(value) = table.get("tls") {
+            let tls = section(value, "server.tls")?;
+            apply(tls, "server.tls", "", |k, raw| config.server.set(&format!("tls.{k}"), raw))?;
+        }
     }
     if let Some(value) = document.get("queue") {
         apply(section(value, "queue")?, "queue", "", |k, raw| config.queue.set(k, raw))?;

@@ -35,6 +35,9 @@ pub(crate) const SERVER_KEYS: &[&str] = &[
     "admin_token_sha256",
 ];
 
+/// Keys of `[server.tls]`, in documentation order (`server.tls.K` for `--set`).
+pub(crate) const TLS_KEYS: &[&str] = &["cert", "key"];
+
 /// Keys of `[queue]` and `[model.queue]`, in documentation order.
 pub(crate) const QUEUE_KEYS: &[&str] = &[
     "strategy",
@@ -136,6 +139,7 @@ pub(crate) fn unknown_key(context: &str, key: &str) -> ConfigError {
     let (section, last) = key.rsplit_once('.').unwrap_or(("", key));
     let known: &[&str] = match section.rsplit('.').next().unwrap_or("") {
         "server" => SERVER_KEYS,
+        "tls" => TLS_KEYS,
         "queue" => QUEUE_KEYS,
         "upstream" => UPSTREAM_KEYS,
         "rate_limit" => RATE_LIMIT_KEYS,
@@ -196,6 +200,8 @@ impl ServerConfig {
                     digest => Some(hex_digest(digest)?),
                 };
             }
+            "tls.cert" => self.tls.cert = optional_path(raw)?,
+            "tls.key" => self.tls.key = optional_path(raw)?,
             _ => return Err(SetError::UnknownKey),
         }
         Ok(())
@@ -295,6 +301,12 @@ impl TenantConfig {
         }
         Ok(())
     }
+}
+
+/// A file path, `""` for none.
+fn optional_path(raw: Raw<'_>) -> Result<Option<std::path::PathBuf>, SetError> {
+    let text = string(raw)?;
+    Ok((!text.is_empty()).then(|| text.into()))
 }
 
 /// A SHA-256 digest in hex (either case), with a reason that says what is expected.
@@ -469,6 +481,11 @@ mod tests {
         for key in SERVER_KEYS {
             assert_ne!(server.set(key, Raw::Text("")), Err(SetError::UnknownKey), "{key}");
         }
+        for key in TLS_KEYS {
+            let (key, raw) = (format!("tls.{key}"), Raw::Text("/etc/x.pem"));
+            assert_ne!(server.set(&key, raw), Err(SetError::UnknownKey), "{key}");
+        }
+        assert!(server.tls.files().is_some());
         let mut upstream = UpstreamConfig::default();
         for key in UPSTREAM_KEYS {
             assert_ne!(upstream.set(key, Raw::Text("")), Err(SetError::UnknownKey), "{key}");

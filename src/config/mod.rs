@@ -126,6 +126,27 @@ pub struct ServerConfig {
     /// Issue [11]: the SHA-256 digest of the bearer token every admin route then requires;
     /// `None` (written `""`) = the admin listener is open.
     pub admin_token_sha256: Option<Digest>,
+    /// `[server.tls]` (issue [11]): the main listener's certificate and key; both or neither.
+    pub tls: TlsConfig,
+}
+
+/// `[server.tls]`: PEM files of the main listener's certificate chain and private key (issue
+/// [11]). Both set = the main listener speaks TLS; neither = plaintext; one alone is refused
+/// by validation. The files are read when a generation is built (at start and on every
+/// reload), not here. A relative path is relative to the working directory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsConfig {
+    /// The certificate chain, leaf first (`cert`; `""` = unset).
+    pub cert: Option<PathBuf>,
+    /// The leaf's private key: PKCS#8, PKCS#1 or SEC1 (`key`; `""` = unset).
+    pub key: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Both files, when TLS is on.
+    pub fn files(&self) -> Option<(&Path, &Path)> {
+        Some((self.cert.as_deref()?, self.key.as_deref()?))
+    }
 }
 
 /// `server.access_log`: `"off"`, `"stdout"`, `"stderr"`, or a file path.
@@ -363,6 +384,7 @@ impl Default for ServerConfig {
             access_log: AccessLog::Off,
             debug_headers: false,
             admin_token_sha256: None,
+            tls: TlsConfig::default(),
         }
     }
 }

@@ -85,6 +85,15 @@ fn server(out: &mut String, server: &ServerConfig) {
     if server.admin_token_sha256.is_none() {
         out.push_str("#   \"\": the admin listener is open (docs/security.md)\n");
     }
+    out.push_str("\n[server.tls]\n");
+    let path = |path: &Option<std::path::PathBuf>| {
+        string(&path.as_deref().map_or_else(String::new, |p| p.to_string_lossy().into_owned()))
+    };
+    line(out, "cert", path(&server.tls.cert));
+    line(out, "key", path(&server.tls.key));
+    if server.tls.files().is_none() {
+        out.push_str("#   \"\": the main listener speaks plaintext HTTP (docs/security.md)\n");
+    }
 }
 
 fn rate_limit(out: &mut String, rate_limit: &RateLimitConfig) {

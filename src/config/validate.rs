@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::duration::format_duration;
 use super::sessions::{self, is_header_name};
 use super::{Config, ConfigError, ConfigErrorKind, ModelConfig, QueueConfig};
-use super::{RateLimitConfig, ServerConfig, Setting, TenantConfig, UpstreamConfig};
+use super::{RateLimitConfig, ServerConfig, Setting, TenantConfig, TlsConfig, UpstreamConfig};
 use crate::credential::hex;
 
 /// Most backends one model may list (backend indices are 16-bit).
@@ -123,7 +123,29 @@ fn server(server: &ServerConfig) -> Check {
     }
     nonzero(s, "header_timeout", server.header_timeout)?;
     nonzero(s, "body_timeout", server.body_timeout)?;
-    nonzero(s, "idle_timeout", server.idle_timeout)
+    nonzero(s, "idle_timeout", server.idle_timeout)?;
+    tls(&server.tls)
+}
+
+/// `[server.tls]`: both files or neither (issue [11]). Whether they hold a usable pair is
+/// checked when they are read (`server::tls`), at start and on every reload.
+fn tls(tls: &TlsConfig) -> Check {
+    let shown = |path: &std::path::Path| quoted(&path.display().to_string());
+    match (&tls.cert, &tls.key) {
+        (Some(cert), None) => Err(invalid(
+            "server.",
+            "tls.cert",
+            shown(cert),
+            "server.tls.key is not set: set both the certificate and its key, or neither",
+        )),
+        (None, Some(key)) => Err(invalid(
+            "server.",
+            "tls.key",
+            shown(key),
+            "server.tls.cert is not set: set both the certificate and its key, or neither",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn upstream(upstream: &UpstreamConfig) -> Check {

@@ -373,6 +373,13 @@ static FAMILIES: &[Family] = &[
         source: Source::Shards(|s| &s.refused),
     },
     Family {
+        name: "warmpath_tls_errors_total",
+        kind: "counter",
+        help: "TLS connections closed on a TLS error: a failed handshake, bytes that are not \
+               TLS, a record that does not decrypt.",
+        source: Source::Shards(|s| &s.tls_errors),
+    },
+    Family {
         name: "warmpath_connections_open",
         kind: "gauge",
         help: "Open client connections.",

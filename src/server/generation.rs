@@ -140,6 +140,9 @@ pub struct Generation {
     pub keys: KeyTable,
     /// `server.admin_token_sha256`.
     pub admin_token: Option<Digest>,
+    /// `[server.tls]`, its files read when this generation was built (`server::tls`): the
+    /// configuration new client connections handshake with; `None` = plaintext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// A model that needs a scheduler: the host to run on shard `home`.
@@ -205,6 +208,12 @@ impl Generation {
             |(tenant, index)| tenant.config.api_key_sha256.iter().map(move |d| (*d, index)),
         ));
         let admin_token = config.server.admin_token_sha256;
+        let tls = match config.server.tls.files() {
+            Some((cert, key)) => {
+                Some(super::tls::load(cert, key, crate::clock::wall_time().as_secs())?)
+            }
+            None => None,
+        };
         let models_json = models_json(&models);
         let prompt_block_bytes = models
             .iter()
@@ -223,6 +232,7 @@ impl Generation {
             tenants,
             keys,
             admin_token,
+            tls,
         };
         Ok((generation, hosts))
     }
@@ -560,6 +570,7 @@ mod tests {
             tenants: Vec::new(),
             keys: KeyTable::default(),
             admin_token: None,
+            tls: None,
         }
     }
 }

@@ -365,6 +365,9 @@ pub struct ShardMetrics {
     pub buffered: AtomicU64,
     /// Requests whose client went away while queued or in flight.
     pub clients_gone: AtomicU64,
+    /// TLS connections closed on a TLS error (issue [11]): a failed handshake, bytes that are
+    /// not TLS, a record that does not decrypt.
+    pub tls_errors: AtomicU64,
 }
 
 impl ShardMetrics {
@@ -378,6 +381,7 @@ impl ShardMetrics {
             open: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
             clients_gone: AtomicU64::new(0),
+            tls_errors: AtomicU64::new(0),
         }
     }
 
@@ -397,12 +401,13 @@ impl ShardMetrics {
         }
         copy(&grown.other_status, &self.other_status);
         let scalars = |m: &ShardMetrics| {
-            [&m.accepted, &m.refused, &m.open, &m.buffered, &m.clients_gone]
+            [&m.accepted, &m.refused, &m.open, &m.buffered, &m.clients_gone, &m.tls_errors]
                 .map(|a| a.load(Ordering::Relaxed))
         };
         let values = scalars(self);
+        let (g, tls_errors) = (&grown, &grown.tls_errors);
         for (to, value) in
-            [&grown.accepted, &grown.refused, &grown.open, &grown.buffered, &grown.clients_gone]
+            [&g.accepted, &g.refused, &g.open, &g.buffered, &g.clients_gone, tls_errors]
                 .into_iter()
                 .zip(values)
         {

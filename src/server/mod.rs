@@ -28,6 +28,7 @@ pub mod reload;
 pub mod report;
 pub mod shard;
 pub mod status;
+pub mod tls;
 
 #[cfg(any(test, fuzzing))]
 pub mod harness;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
 use mio::Interest;
+use rustls::ServerConnection;
 use slab::Slab;
 
 use crate::clock::Tick;
@@ -173,11 +174,20 @@ impl Clients {
             if key >= 1 << KEY_BITS {
                 continue;
             }
+            // On a TLS listener the session starts here; its handshake runs as the client's
+            // bytes arrive, under the header timeout armed below.
+            let tls = match &cx.gen.tls {
+                Some(config) => match ServerConnection::new(Arc::clone(config)) {
+                    Ok(session) => Some(Box::new(session)),
+                    Err(_) => continue,
+                },
+                None => None,
+            };
             let interest = Interest::READABLE | Interest::WRITABLE;
             if cx.registry.register(&mut stream, Owner::Client(key).token(), interest).is_err() {
                 continue;
             }
-            entry.insert(Client::new(stream, peer.ip()));
+            entry.insert(Client::new(stream, peer.ip(), tls));
             self.open += 1;
             ShardMetrics::bump(&cx.metrics.accepted);
             ShardMetrics::set(&cx.metrics.open, self.open as u64);
@@ -186,9 +196,13 @@ impl Clients {
         }
     }
 
-    /// Over `max_connections`: a 503 and a close.
+    /// Over `max_connections`: a 503 and a close (on TLS only the close: a 503 needs a
+    /// handshake first, which is what the limit spares).
     fn refuse(&mut self, mut stream: TcpStream, cx: &Cx) {
         ShardMetrics::bump(&cx.metrics.refused);
+        if cx.gen.tls.is_some() {
+            return discard_unread(&mut stream, &mut self.scratch);
+        }
         self.scratch.clear();
         write_error(
             503,
@@ -270,6 +284,9 @@ impl Clients {
                 c.gone = true;
                 self.close(key, cx);
             }
+            // A TLS handshake not done within `header_timeout` of the accept: nothing can be
+            // answered, close.
+            Phase::Head if c.rlen == 0 && c.handshaking() => self.close(key, cx),
             // Idle for IDLE_RELEASE with buffers: give them back, and close when the rest of
             // `idle_timeout` has passed too.
             Phase::Head if c.rlen == 0 && c.holds_buffers() => {
@@ -784,7 +801,7 @@ impl Clients {
         if c.gone {
             return self.gone(key, upstreams, cx);
         }
-        let pending = c.wbuf.len() - c.wpos;
+        let pending = c.unsent();
         // A client that stops reading its response: the send timeout is `idle_timeout`, from
         // the last byte it accepted.
         let sending = matches!(c.phase, Phase::Upstream(_) | Phase::Done);
@@ -917,6 +934,7 @@ impl Clients {
         if c.gone || c.hup || shutting {
             return self.close(key, cx);
         }
+        c.close_notify();
         let _ = c.stream.shutdown(Shutdown::Write);
         c.phase = Phase::Lingering;
         c.rlen = 0;
@@ -938,7 +956,11 @@ impl Clients {
         self.set_timer(key, None, cx);
         let Some(mut c) = self.conns.try_remove(key) else { return };
         let _ = cx.registry.deregister(&mut c.stream);
+        if c.tls_failed {
+            ShardMetrics::bump(&cx.metrics.tls_errors);
+        }
         if !c.gone {
+            c.close_notify();
             discard_unread(&mut c.stream, &mut self.scratch);
         }
         if let Some(slot) = c.req.take() {

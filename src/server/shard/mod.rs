@@ -384,6 +384,11 @@ impl Shard {
 
     /// One readiness event: the listener's, the waker's, or a connection's (for its room).
     fn event(&mut self, event: &Event) {
+        if event.token() == LISTENER {
+            // A connection accepted after a reload is the new generation's (its TLS
+            // certificate, for one), even when the shard slept through the publication.
+            self.refresh();
+        }
         let readable = event.is_readable() || event.is_read_closed();
         let (writable, hup) = (event.is_writable(), event.is_read_closed());
         let (clients, upstreams, mut cx) = self.split();

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::Duration;
 
@@ -168,8 +168,19 @@ fn options(label: &str) -> RunOptions {
 /// Clock calibration differs slightly between two `Clock::real()`s: half a millisecond of slack.
 const SLACK: Duration = Duration::from_micros(500);
 
+/// The tests of this file run in parallel threads; the one that checks send times against the
+/// clock (`paced_sends_are_at_their_intended_times`) takes this for writing, so it runs with no
+/// other test of the file beside it on a 2-core machine, and every other test takes it for
+/// reading. A test that failed while holding it does not fail the others (poisoning ignored).
+static MACHINE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn synthetic_sessions_keep_order_and_think_times() {
+    let _shared = shared();
     let fake = Fake::start();
     let params = MultiTurn {
         rate: 40.0,
@@ -239,6 +250,7 @@ fn synthetic_sessions_keep_order_and_think_times() {
 /// router can only tell a conversation by its prompt.
 #[test]
 fn anonymous_runs_send_no_session_header() {
+    let _shared = shared();
     let fake = Fake::start();
     let params = MultiTurn {
         rate: 40.0,
@@ -269,6 +281,7 @@ fn anonymous_runs_send_no_session_header() {
 /// its session header; without it, none does.
 #[test]
 fn an_api_key_goes_on_every_request() {
+    let _shared = shared();
     let fake = Fake::start();
     let params = MultiTurn {
         rate: 40.0,
@@ -307,6 +320,7 @@ fn blocks_turn(at_ms: u64, after: Option<u32>, ids: Vec<u64>) -> Turn {
 
 #[test]
 fn trace_turns_wait_for_their_offset_and_their_parent() {
+    let _shared = shared();
     let fake = Fake::start();
     // Session a: a follow-up due before its parent can have finished (waits for the parent),
     // and one due well after (waits for its offset). Session b: a tree (two children of 0).
@@ -359,6 +373,7 @@ fn trace_turns_wait_for_their_offset_and_their_parent() {
 
 #[test]
 fn a_dead_target_is_counted_not_hung() {
+    let _shared = shared();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     drop(listener);
@@ -384,6 +399,7 @@ struct Cli {
 
 #[test]
 fn command_line_replays_mooncake_and_writes_the_report() {
+    let _shared = shared();
     use clap::Parser;
     let dir = bench::trace::data_dir().unwrap_or_else(|e| panic!("{e}"));
     bench::trace::trace_file(&dir, bench::trace::MOONCAKE_FILE).unwrap_or_else(|e| panic!("{e}"));
@@ -445,6 +461,7 @@ fn bench_binary(fake: &Fake, data_dir: Option<&Path>, args: &[&str]) -> Output {
 /// environment: they come from its own `data/`.
 #[test]
 fn binary_replays_the_shipped_traces_with_no_environment() {
+    let _shared = shared();
     let fake = Fake::start();
     for (workload, scale) in [("mooncake", "1000"), ("ragpulse", "1000000")] {
         let args = ["--workload", workload, "--time-scale", scale, "--max-requests", "3"];
@@ -461,6 +478,7 @@ fn binary_replays_the_shipped_traces_with_no_environment() {
 /// does not exist is an error naming it.
 #[test]
 fn binary_reads_a_plain_trace_from_the_override_directory() {
+    let _shared = shared();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-override");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let row = |t: &str, session: &str| {
@@ -493,6 +511,7 @@ fn binary_reads_a_plain_trace_from_the_override_directory() {
 /// prompts extend each other), and their TTFT shows it.
 #[test]
 fn against_the_simulated_engine_follow_ups_hit_the_prefix_cache() {
+    let _shared = shared();
     let sim = warmpath::sim::start(warmpath::sim::SimOptions::new()).expect("sim starts");
     let url = format!("http://{}", sim.addr());
     let workload = MultiTurn {
@@ -622,6 +641,7 @@ const MS: u64 = 1_000_000;
 /// moves a few gaps, not the median), the generator's median send lag under 1 ms.
 #[test]
 fn paced_sends_are_at_their_intended_times() {
+    let _alone = MACHINE.write().unwrap_or_else(|e| e.into_inner());
     let server = Paced::start(|_| (200, Duration::ZERO));
     let result = bench::run_fixed_rate(&server.url, &paced(400.0, 1000, 4, 64)).expect("runs");
     assert_eq!((result.planned, result.sent, result.ok), (400, 400, 400), "{:?}", result.errors);
@@ -659,6 +679,7 @@ fn paced_sends_are_at_their_intended_times() {
 /// measures) stays short.
 #[test]
 fn a_stalled_server_shows_as_latency_not_as_fewer_sends() {
+    let _shared = shared();
     let server = Paced::start(|n| (200, Duration::from_millis(if n == 20 { 250 } else { 0 })));
     let result = bench::run_fixed_rate(&server.url, &paced(200.0, 1000, 1, 1)).expect("runs");
     assert_eq!((result.planned, result.sent, result.ok), (200, 200, 200), "{:?}", result.errors);
@@ -680,6 +701,7 @@ fn a_stalled_server_shows_as_latency_not_as_fewer_sends() {
 /// time; only the held request is slow.
 #[test]
 fn a_slow_response_does_not_delay_the_next_send() {
+    let _shared = shared();
     let server = Paced::start(|n| (200, Duration::from_millis(if n == 20 { 250 } else { 0 })));
     let result = bench::run_fixed_rate(&server.url, &paced(200.0, 1000, 2, 64)).expect("runs");
     assert_eq!((result.sent, result.ok, result.late), (200, 200, 0), "{:?}", result.errors);
@@ -700,6 +722,7 @@ fn a_slow_response_does_not_delay_the_next_send() {
 
 #[test]
 fn paced_errors_are_counted_by_status_and_kind() {
+    let _shared = shared();
     let server = Paced::start(|n| (if n % 4 == 3 { 500 } else { 200 }, Duration::ZERO));
     let result = bench::run_fixed_rate(&server.url, &paced(400.0, 500, 2, 64)).expect("runs");
     assert_eq!((result.planned, result.ok), (200, 150));
@@ -718,6 +741,7 @@ fn paced_errors_are_counted_by_status_and_kind() {
 /// The binary: a paced run prints its table and writes its JSON; bad arguments exit 2.
 #[test]
 fn binary_runs_fixed_rate_and_refuses_bad_arguments() {
+    let _shared = shared();
     let server = Paced::start(|_| (200, Duration::ZERO));
     let fake = Fake { url: server.url.clone(), clock: Clock::real(), seen: Arc::default() };
     let base = ["--workload", "fixed-rate", "--model", "m", "--label", "paced-cli"];

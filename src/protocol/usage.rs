@@ -93,11 +93,8 @@ const TAIL: usize = 24;
 const EVENT: &[u8] = b"\ndata:";
 
 /// The keys: the bytes before the needle, and which key they make.
-const KEYS: [(&[u8], Key); 3] = [
-    (b"\"prompt_", Key::Prompt),
-    (b"\"cached_", Key::Cached),
-    (b"\"completion_", Key::Completion),
-];
+const KEYS: [(&[u8], Key); 3] =
+    [(b"\"prompt_", Key::Prompt), (b"\"cached_", Key::Cached), (b"\"completion_", Key::Completion)];
 
 static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(NEEDLE));
 static EVENTS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(EVENT));

@@ -135,10 +135,7 @@ impl Shared {
             reloads_refused: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             shards_busy: AtomicUsize::new(shard_count),
-            limiter: rate_limit::Limiter::new(
-                clock.rate(),
-                store == RateLimitStore::Redis,
-            ),
+            limiter: rate_limit::Limiter::new(clock.rate(), store == RateLimitStore::Redis),
             clock: clock.clone(),
         }
     }

@@ -297,7 +297,10 @@ mod tests {
     fn replies_parse_and_prefixes_wait() {
         let cases: [(&[u8], Reply); 6] = [
             (b"+OK\r\n", Reply::Simple("OK".into())),
-            (b"-NOSCRIPT No matching script\r\n", Reply::Error("NOSCRIPT No matching script".into())),
+            (
+                b"-NOSCRIPT No matching script\r\n",
+                Reply::Error("NOSCRIPT No matching script".into()),
+            ),
             (b":-42\r\n", Reply::Integer(-42)),
             (b"$3\r\na\r\n\r\n", Reply::Bulk(Some(b"a\r\n".to_vec()))),
             (b"$-1\r\n", Reply::Bulk(None)),

@@ -80,13 +80,14 @@ impl StoreThread {
         let url = RedisUrl::parse(url).map_err(std::io::Error::other)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let join = std::thread::Builder::new().name("rate-limit-store".into()).spawn(move || {
-            let mut sync = Sync { url, conn: None, sha: Vec::new() };
-            while !flag.load(Ordering::Acquire) {
-                sync.round(&shared);
-                std::thread::park_timeout(SYNC_INTERVAL);
-            }
-        })?;
+        let join =
+            std::thread::Builder::new().name("rate-limit-store".into()).spawn(move || {
+                let mut sync = Sync { url, conn: None, sha: Vec::new() };
+                while !flag.load(Ordering::Acquire) {
+                    sync.round(&shared);
+                    std::thread::park_timeout(SYNC_INTERVAL);
+                }
+            })?;
         Ok(StoreThread { stop, thread: join.thread().clone(), join })
     }
 

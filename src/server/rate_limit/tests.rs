@@ -57,16 +57,16 @@ fn a_refused_token_reservation_gives_its_request_back() {
     assert!(l.reserve(&t, 1, 100, now).is_ok());
     assert!(l.reserve(&t, 1, 1, now).is_err(), "tokens are spent");
     assert!(l.reserve(&t, 1, 0, now).is_ok(), "the refused request's slot came back");
-    assert!(matches!(
-        l.reserve(&t, 1, 0, now),
-        Err(Refusal::Over { limit: Limit::Requests, .. })
-    ));
+    assert!(matches!(l.reserve(&t, 1, 0, now), Err(Refusal::Over { limit: Limit::Requests, .. })));
 }
 
 #[test]
 fn a_request_larger_than_the_bucket_is_too_large_not_delayed() {
     let (l, t) = (limiter(), tenant(10, 1000));
-    assert_eq!(l.reserve(&t, 1, 1001, SECOND), Err(Refusal::TooLarge { tokens: 1001, limit: 1000 }));
+    assert_eq!(
+        l.reserve(&t, 1, 1001, SECOND),
+        Err(Refusal::TooLarge { tokens: 1001, limit: 1000 })
+    );
     assert!(l.reserve(&t, 1, 1000, SECOND).is_ok(), "a whole bucket fits");
     assert_eq!(l.backlog(1, Limit::Requests, l.units(SECOND)), cost(1, 10));
 }
@@ -106,7 +106,9 @@ fn concurrent_reservations_admit_exactly_the_limit() {
     let admitted: usize = (0..4)
         .map(|_| {
             let (l, t) = (Arc::clone(&l), Arc::clone(&t));
-            std::thread::spawn(move || (0..1000).filter(|_| l.reserve(&t, 1, 0, SECOND).is_ok()).count())
+            std::thread::spawn(move || {
+                (0..1000).filter(|_| l.reserve(&t, 1, 0, SECOND).is_ok()).count()
+            })
         })
         .collect::<Vec<_>>()
         .into_iter()

@@ -291,9 +291,7 @@ pub fn start_with_source(
     let logs = access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec());
     let shared = Arc::new(Shared::new(Arc::new(generation), source, rings, plan, logs, &clock));
     let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock)?;
-    let parts = polls.into_iter().zip(listeners).zip(hosted);
-    let shards = spawn_shards(parts, &shared, pin_cores)?;
-    let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
+    // Before the shards: a replica starts serving with the global buckets (issue [11]).
     let generation = shared.generation();
     let limits = &generation.config.rate_limit;
     let store = match limits.store {
@@ -302,6 +300,9 @@ pub fn start_with_source(
         }
         RateLimitStore::Local => None,
     };
+    let parts = polls.into_iter().zip(listeners).zip(hosted);
+    let shards = spawn_shards(parts, &shared, pin_cores)?;
+    let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
     Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log, store })
 }
 

@@ -52,6 +52,9 @@ pub mod store;
 /// Units of time per minute in a cell's word (see the module doc).
 pub const UNITS_PER_MINUTE: u64 = 1 << 40;
 
+/// A microsecond in units.
+const MICROSECOND: u64 = UNITS_PER_MINUTE / 60_000_000;
+
 /// Which limit: the `limit` label of `warmpath_rate_limited_total` and the access log's
 /// `rate_limited`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +198,9 @@ impl Limiter {
             let next = tat.max(now).saturating_add(units);
             let ahead = next - now;
             if ahead > UNITS_PER_MINUTE {
-                let excess = u128::from(ahead - UNITS_PER_MINUTE);
+                // Whole seconds, rounded up after forgiving a microsecond: the clock's
+                // conversion to units is exact to a few units, not to zero.
+                let excess = u128::from((ahead - UNITS_PER_MINUTE).saturating_sub(MICROSECOND));
                 let seconds = (excess * 60).div_ceil(u128::from(UNITS_PER_MINUTE));
                 let retry_after_s = u64::try_from(seconds).unwrap_or(u64::MAX).max(1);
                 return Err(Refusal::Over { limit, retry_after_s });

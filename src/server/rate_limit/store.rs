@@ -75,19 +75,23 @@ pub struct StoreThread {
 }
 
 impl StoreThread {
-    /// Starts syncing `shared`'s limiter with the Redis at `url`.
+    /// Syncs `shared`'s limiter with the Redis at `url` once, on the calling thread (so that
+    /// a replica that starts serving already knows the global buckets, unless Redis is away:
+    /// then the start waits at most [`TIMEOUT`] per socket operation), then every
+    /// [`SYNC_INTERVAL`] on a thread of its own.
     pub fn spawn(shared: Arc<Shared>, url: &str) -> std::io::Result<StoreThread> {
         let url = RedisUrl::parse(url).map_err(std::io::Error::other)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let join =
-            std::thread::Builder::new().name("rate-limit-store".into()).spawn(move || {
-                let mut sync = Sync { url, conn: None, sha: Vec::new() };
-                while !flag.load(Ordering::Acquire) {
-                    sync.round(&shared);
-                    std::thread::park_timeout(SYNC_INTERVAL);
-                }
-            })?;
+        let mut sync = Sync { url, conn: None, sha: Vec::new() };
+        sync.round(&shared);
+        let thread = std::thread::Builder::new().name("rate-limit-store".into());
+        let join = thread.spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(SYNC_INTERVAL);
+                sync.round(&shared);
+            }
+        })?;
         Ok(StoreThread { stop, thread: join.thread().clone(), join })
     }
 

@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -32,7 +32,7 @@ fn temp_path(name: &str) -> PathBuf {
 
 /// Tenant `a` with these limits (`requests_per_minute`, `tokens_per_minute`) and the
 /// unlimited tenant `b`, in front of `backend`, logging to `log`.
-fn setup(backend: &Backend, rpm: u64, tpm: u64, log: &PathBuf) -> Setup {
+fn setup(backend: &Backend, rpm: u64, tpm: u64, log: &Path) -> Setup {
     Setup::new()
         .model(M, &[backend.address()])
         .tenant("a", &[KEY_A])

@@ -138,7 +138,7 @@ impl Limiter {
 
     /// `now` in units.
     pub fn units(&self, now: Tick) -> u64 {
-        u64::try_from(u128::from(now) * self.per_tick >> 32).unwrap_or(u64::MAX)
+        u64::try_from((u128::from(now) * self.per_tick) >> 32).unwrap_or(u64::MAX)
     }
 
     fn cell(&self, tenant: u16, limit: Limit) -> &Cell {

@@ -708,12 +708,7 @@ impl Clients {
             retry_after.map(|s| ("Retry-After", crate::protocol::decimal(s, &mut digits)));
         let to = self.answer_to(key, cx);
         let answer = (status, code, &*message);
-        write_router_error_with(
-            &mut self.conns[key].wbuf,
-            answer,
-            to,
-            retry_after.map(|h| (h.0, &h.1[..])),
-        );
+        write_router_error_with(&mut self.conns[key].wbuf, answer, to, retry_after);
         self.finish_response(key, status, to.keep_alive, Some(model), upstreams, cx);
     }
 

@@ -32,9 +32,9 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use subtle::ConstantTimeEq;
-use warmpath::credential::{authorize, base64url, digest, digests_equal, Digest, KeyTable};
 use warmpath::clock::TickRate;
 use warmpath::config::TenantConfig;
+use warmpath::credential::{authorize, base64url, digest, digests_equal, Digest, KeyTable};
 use warmpath::protocol::{parse_request_head, Limits, RequestHead};
 use warmpath::server::generation::Tenant;
 use warmpath::server::rate_limit::Limiter;

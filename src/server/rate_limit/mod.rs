@@ -40,7 +40,16 @@
 //! `rate_limit.store = "redis"` each cell also counts the units it charged since the last sync
 //! (`unsynced`), and the store's thread (`store.rs`) moves them to Redis and moves the global
 //! TAT back into the cell.
+//!
+//! Model check: under `cfg(loom)` the cells are loom's atomics, and `tests/loom_rate_limit.rs`
+//! checks every interleaving of racing reservations, settlements and the store's takes (no
+//! update lost, a last request admitted once, each charge taken once).
 
+// Loom's atomics under `cfg(loom)`, so that `tests/loom_rate_limit.rs` can model-check the
+// cells' updates from several threads.
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::{Tick, TickRate};
@@ -127,9 +136,14 @@ pub struct Limiter {
 impl Limiter {
     /// Cells for every possible tenant at `rate`; `shared` when a store syncs them.
     pub fn new(rate: TickRate, shared: bool) -> Limiter {
+        Limiter::with_tenants(rate, shared, TENANTS_MAX)
+    }
+
+    /// Cells for tenants 1 to `tenants` (the loom models use a few).
+    pub fn with_tenants(rate: TickRate, shared: bool, tenants: usize) -> Limiter {
         let ticks_per_minute = rate.ticks(std::time::Duration::from_secs(60)).max(1);
         Limiter {
-            tenants: (0..TENANTS_MAX).map(|_| Cells::default()).collect(),
+            tenants: (0..tenants).map(|_| Cells::default()).collect(),
             per_tick: (u128::from(UNITS_PER_MINUTE) << 32) / u128::from(ticks_per_minute),
             shared,
             store: store::StoreStats::default(),
@@ -237,7 +251,7 @@ impl Limiter {
     }
 
     /// For the store: takes the units `tenant`'s `limit` cell charged since the last take.
-    pub(crate) fn take_unsynced(&self, tenant: u16, limit: Limit) -> i64 {
+    pub fn take_unsynced(&self, tenant: u16, limit: Limit) -> i64 {
         self.cell(tenant, limit).unsynced.swap(0, Ordering::Relaxed) as i64
     }
 
@@ -264,5 +278,5 @@ fn cost(n: u64, per_minute: u64) -> u64 {
     u64::try_from(units).unwrap_or(u64::MAX)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

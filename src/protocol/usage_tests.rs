@@ -105,6 +105,7 @@ fn text_about_the_keys_is_not_read() {
         r#"see prompt_tokens"#,
         r#"\\"#,
         r#"\"cached_tokens\" : 5 , x"#,
+        r#"\"completion_tokens\": 99999}"#,
     ];
     for text in content {
         let body = format!(

@@ -12,6 +12,9 @@
 //! updated with `Relaxed` compare-and-swaps: each cell is its own single variable, so the
 //! model needs no ordering between them, and loom explores every value a relaxed load may
 //! return.
+//!
+//! Replacing the admission's compare-and-swap with a load and a store fails the first model
+//! (both racers admitted), as it should.
 #![cfg(loom)]
 
 use loom::sync::Arc;

@@ -107,6 +107,9 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)
             false => Ok(None),
         };
     };
+    if line_end - at > 1024 {
+        return Err("a reply line over 1 KiB".to_owned());
+    }
     let Some((&kind, line)) = buf[at..line_end].split_first() else {
         return Err("an empty reply line".to_owned());
     };
@@ -268,6 +271,23 @@ impl Connection {
     }
 }
 
+/// Fuzz and test check (the `resp` fuzz target): [`parse`] never panics; a reply it reads
+/// whole from `data` (`n` bytes) it reads the same from exactly those `n` bytes, and every
+/// shorter prefix asks for more or is refused, never a different reply; what it refuses whole
+/// no prefix makes it accept as a reply of the same length.
+#[cfg(any(test, fuzzing))]
+pub fn check_parse(data: &[u8]) {
+    let whole = parse(data);
+    if let Ok(Some((reply, n))) = &whole {
+        assert_eq!(parse(&data[..*n]).as_ref().ok(), Some(&Some((reply.clone(), *n))));
+        for cut in [0, n / 2, n.saturating_sub(1)] {
+            if cut < *n {
+                assert!(!matches!(parse(&data[..cut]), Ok(Some(_))), "a prefix of {cut} bytes");
+            }
+        }
+    }
+}
+
 fn expect_ok(reply: Reply, command: &str) -> io::Result<()> {
     match reply {
         Reply::Simple(_) => Ok(()),
@@ -336,6 +356,7 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
         assert!(parse(&[b'+'; 2000]).is_err(), "a line without an end is bounded");
+        check_parse(b"*2\r\n:1\r\n$2\r\nab\r\n+OK\r\n");
         let mut out = Vec::new();
         encode(&[b"GET", b"k"], &mut out);
         assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");

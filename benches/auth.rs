@@ -1,5 +1,6 @@
-//! Benchmarks of the main listener's key check (issue [11], `warmpath::credential`): its
-//! target is at most 1 µs per request, with no allocation.
+//! Benchmarks of the main listener's key check (issue [11], `warmpath::credential`) and of the
+//! tenant's rate-limit buckets (`warmpath::server::rate_limit`): the target is at most 1 µs per
+//! request for both together, with no allocation.
 //!
 //! Dimensions:
 //! - 100 tenants × 3 keys (300 digests in the `KeyTable`), tokens as `warmpath keygen` makes
@@ -16,14 +17,27 @@
 //!   all 300 in constant time; and `subtle_bytes_eq`, one comparison as `subtle` makes it on
 //!   32-byte slices, against `digests_equal`, which compares 8-byte words.
 //!
+//! - `limit/reserve_settle`: what the shard does to a tenant's buckets per request
+//!   (`server::shard::limits`): reserve one request and its tokens (a compare-and-swap on each
+//!   of the two GCRA cells), then settle the tokens to a smaller use (a third update), for
+//!   tenants taken in turn from the 100 (limits high enough that nothing is refused);
+//! - `limit/check_and_limit`: `check/hit` followed by `limit/reserve_settle` for the tenant the
+//!   key named: the whole per-request cost of issue [11] items 1 and 4.
+//!
 //! Tokens come from a seeded splitmix64 sequence, so runs are comparable; each iteration takes
-//! the next of 1,024 pregenerated heads so that one cached digest is not measured.
+//! the next of 1,024 pregenerated heads so that one cached digest is not measured. The
+//! `limit_*` and `check_and_limit` functions are `#[inline(never)]` so that a callgrind run
+//! (`perf/auth_instructions.sh`) can count their instructions per call.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use subtle::ConstantTimeEq;
+use warmpath::clock::TickRate;
+use warmpath::config::TenantConfig;
 use warmpath::credential::{authorize, base64url, digest, digests_equal, Digest, KeyTable};
 use warmpath::protocol::{parse_request_head, Limits, RequestHead};
+use warmpath::server::generation::Tenant;
+use warmpath::server::rate_limit::Limiter;
 use warmpath::splitmix::SplitMix64;
 
 const TENANTS: u16 = 100;
@@ -140,5 +154,74 @@ fn parts(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, check, parts);
+/// Tenants limited to 10^9 requests and 10^12 tokens a minute: every reservation passes.
+fn tenants() -> Vec<Tenant> {
+    (0..TENANTS)
+        .map(|i| {
+            let mut config = TenantConfig::new(format!("t{i}"), Vec::new());
+            config.requests_per_minute = 1_000_000_000;
+            config.tokens_per_minute = 1_000_000_000_000;
+            Tenant { name: config.name.clone(), config, live: true }
+        })
+        .collect()
+}
+
+/// Reserves a request of tenant `index` (from 1) with 1,300 tokens at `now`, then settles it
+/// to 1,212 used.
+#[inline(never)]
+fn limit_request(limiter: &Limiter, tenants: &[Tenant], index: u16, now: u64) -> bool {
+    let tenant = &tenants[usize::from(index) - 1];
+    match limiter.reserve(tenant, index, 1_300, now) {
+        Ok(reservation) => {
+            limiter.settle(tenant, index, reservation, 1_212);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The key check, then the limits of the tenant it names.
+#[inline(never)]
+fn check_and_limit(
+    head: &RequestHead,
+    rbuf: &[u8],
+    keys: &KeyTable,
+    limiter: &Limiter,
+    tenants: &[Tenant],
+    now: u64,
+) -> bool {
+    match authenticate(head, rbuf, keys) {
+        Some(index) => limit_request(limiter, tenants, index, now),
+        None => false,
+    }
+}
+
+fn limit(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(13);
+    let (tokens, keys) = table(&mut rng);
+    let hits: Vec<_> = (0..HEADS).map(|i| head(Some(&tokens[i % tokens.len()]))).collect();
+    let tenants = tenants();
+    let limiter = Limiter::new(TickRate::NANOS, false);
+    let mut group = c.benchmark_group("auth/limit");
+    group.bench_function("reserve_settle", |b| {
+        let (mut i, mut now) = (0u16, 1_000_000_000u64);
+        b.iter(|| {
+            i = i % TENANTS + 1;
+            now += 1_000;
+            black_box(limit_request(&limiter, &tenants, black_box(i), now))
+        });
+    });
+    group.bench_function("check_and_limit", |b| {
+        let (mut i, mut now) = (0, 1_000_000_000u64);
+        b.iter(|| {
+            let (raw, head) = &hits[i % HEADS];
+            i += 1;
+            now += 1_000;
+            black_box(check_and_limit(black_box(head), raw, &keys, &limiter, &tenants, now))
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, check, parts, limit);
 criterion_main!(benches);

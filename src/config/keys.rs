@@ -72,7 +72,7 @@ pub(crate) const UPSTREAM_KEYS: &[&str] = &[
 ];
 
 /// Keys of `[rate_limit]`, in documentation order.
-pub(crate) const RATE_LIMIT_KEYS: &[&str] = &["store", "redis_url"];
+pub(crate) const RATE_LIMIT_KEYS: &[&str] = &["store", "redis_url", "default_max_tokens"];
 
 /// Keys of `[[tenant]]`, in documentation order.
 pub(crate) const TENANT_KEYS: &[&str] =
@@ -276,6 +276,7 @@ impl RateLimitConfig {
         match key {
             "store" => self.store = named(raw, RateLimitStore::ALL, RateLimitStore::name)?,
             "redis_url" => self.redis_url = string(raw)?,
+            "default_max_tokens" => self.default_max_tokens = unsigned(raw)?,
             _ => return Err(SetError::UnknownKey),
         }
         Ok(())

@@ -80,6 +80,8 @@ pub struct RateLimitConfig {
     pub store: RateLimitStore,
     /// The Redis server of `store = "redis"`: `redis://[user:password@]host[:port][/db]`.
     pub redis_url: String,
+    /// Completion tokens reserved for a request that names no `max_tokens`.
+    pub default_max_tokens: u32,
 }
 
 /// `rate_limit.store`.
@@ -433,6 +435,7 @@ impl Default for RateLimitConfig {
         RateLimitConfig {
             store: RateLimitStore::Local,
             redis_url: "redis://127.0.0.1:6379".to_owned(),
+            default_max_tokens: 1024,
         }
     }
 }

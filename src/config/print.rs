@@ -100,6 +100,7 @@ fn rate_limit(out: &mut String, rate_limit: &RateLimitConfig) {
     out.push_str("\n[rate_limit]\n");
     line(out, "store", string(rate_limit.store.name()));
     line(out, "redis_url", string(&rate_limit.redis_url));
+    line(out, "default_max_tokens", rate_limit.default_max_tokens);
 }
 
 /// A `[[tenant]]`: its key digests (the only form in which keys exist in a configuration).

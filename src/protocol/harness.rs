@@ -116,6 +116,14 @@ pub fn check_model_field(body: &[u8]) {
             let value: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
             let stream = value.get("stream") == Some(&serde_json::Value::Bool(true));
             assert_eq!(field.stream, stream, "top-level \"stream\": true");
+            // serde_json keeps a repeated key's last member, the scan the largest: at least it.
+            let max_tokens = ["max_tokens", "max_completion_tokens"]
+                .iter()
+                .filter_map(|key| value.get(key)?.as_u64()?.try_into().ok())
+                .max();
+            if max_tokens.is_some() {
+                assert!(field.max_tokens >= max_tokens, "{:?} < {max_tokens:?}", field.max_tokens);
+            }
         }
     }
 }

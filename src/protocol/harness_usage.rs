@@ -1,20 +1,22 @@
 //! The `usage` scanner against serde_json, and against itself under splits and chunk framing.
 //!
 //! [`reference_usage`] parses a JSON body, or each event of an SSE body, with serde_json and
-//! walks every value in document order, keeping each `prompt_tokens` and `cached_tokens`
-//! member (keys as sent, without escapes) whose value is an integer that fits `u32`: the
-//! scanner's module doc restated on a real parser.
+//! walks every value in document order, keeping each `prompt_tokens`, `cached_tokens` and
+//! `completion_tokens` member (keys as sent, without escapes) whose value is an integer that
+//! fits `u32`: the scanner's module doc restated on a real parser.
 
 use serde::de::{Deserialize, DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
 
 use super::super::usage::{Usage, UsageScanner};
 use super::pieces;
 
-/// A key as the scanner reads it: exactly `prompt_tokens` or `cached_tokens` as sent.
+/// A key as the scanner reads it: exactly `prompt_tokens`, `cached_tokens` or
+/// `completion_tokens` as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Prompt,
     Cached,
+    Completion,
     Other,
 }
 
@@ -31,6 +33,7 @@ impl<'de> Deserialize<'de> for Field {
                 Ok(match key {
                     "prompt_tokens" => Field::Prompt,
                     "cached_tokens" => Field::Cached,
+                    "completion_tokens" => Field::Completion,
                     _ => Field::Other,
                 })
             }
@@ -62,7 +65,8 @@ impl<'de> Visitor<'de> for Walk<'_> {
         f.write_str("any JSON value")
     }
     fn visit_u64<E: Error>(self, n: u64) -> Result<(), E> {
-        if let (Field::Prompt | Field::Cached, Ok(n)) = (self.field, u32::try_from(n)) {
+        let counted = matches!(self.field, Field::Prompt | Field::Cached | Field::Completion);
+        if let (true, Ok(n)) = (counted, u32::try_from(n)) {
             self.found.push((self.field, n));
         }
         Ok(())
@@ -123,14 +127,18 @@ fn fields(body: &[u8]) -> Option<Vec<(Field, u32)>> {
 pub fn reference_usage(body: &[u8]) -> Option<Usage> {
     let found = fields(body)?;
     let last = |field| found.iter().rev().find(|(f, _)| *f == field).map(|&(_, n)| n);
-    Some(Usage { prompt_tokens: last(Field::Prompt), cached_tokens: last(Field::Cached) })
+    Some(Usage {
+        prompt_tokens: last(Field::Prompt),
+        cached_tokens: last(Field::Cached),
+        completion_tokens: last(Field::Completion),
+    })
 }
 
 /// Chunk-size lines a relayed body may carry between pieces.
 const FRAMING: [&[u8]; 4] = [b"\r\n1f\r\n", b"\r\n20\r\n", b"\r\n400;x=y\r\n", b"\r\n0\r\n"];
 
-/// The usage of `body` read in pieces of sizes from [`pieces`]`(seed)`.
-fn scan(body: &[u8], seed: u8) -> Usage {
+/// The usage and event count of `body` read in pieces of sizes from [`pieces`]`(seed)`.
+fn scan(body: &[u8], seed: u8) -> (Usage, u32) {
     let mut scanner = UsageScanner::new();
     let mut next = pieces(seed);
     let mut rest = body;
@@ -139,7 +147,12 @@ fn scan(body: &[u8], seed: u8) -> Usage {
         scanner.feed(piece);
         rest = tail;
     }
-    scanner.usage()
+    (scanner.usage(), scanner.events())
+}
+
+/// SSE events a reader would see: lines starting `data:` (the body's first line included).
+fn reference_events(body: &[u8]) -> u32 {
+    body.split(|&b| b == b'\n').filter(|line| line.starts_with(b"data:")).count() as u32
 }
 
 /// Fuzz input: a mode byte (bit 0: the rest is SSE payloads separated by `0xff`, wrapped as
@@ -164,18 +177,21 @@ pub fn check_usage(data: &[u8]) {
     };
     let whole = scan(&body, 0);
     assert_eq!(scan(&body, *seed), whole, "split with seed {seed}");
+    assert_eq!(whole.1, reference_events(&body), "events");
     let mut scanner = UsageScanner::new();
     body.iter().for_each(|b| scanner.feed(std::slice::from_ref(b)));
-    assert_eq!(scanner.usage(), whole, "byte by byte");
+    assert_eq!((scanner.usage(), scanner.events()), whole, "byte by byte");
+    let whole = whole.0;
     let Some(found) = fields(&body) else { return };
     assert_eq!(Some(whole), reference_usage(&body), "against serde_json");
     let framing = FRAMING[usize::from(mode >> 1 & 3)];
     let at = usize::from(mode >> 3) * body.len() / 31;
     let framed = [&body[..at], framing, &body[at..]].concat();
-    let got = scan(&framed, *seed);
+    let (got, _) = scan(&framed, *seed);
     let held = |field, value: Option<u32>| {
         value.is_none_or(|n| found.iter().any(|&(f, m)| f == field && m == n))
     };
     assert!(held(Field::Prompt, got.prompt_tokens), "framing at {at}: {got:?}");
     assert!(held(Field::Cached, got.cached_tokens), "framing at {at}: {got:?}");
+    assert!(held(Field::Completion, got.completion_tokens), "framing at {at}: {got:?}");
 }

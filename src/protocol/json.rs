@@ -39,6 +39,11 @@ pub struct ModelField<'a> {
     pub value: Cow<'a, str>,
     /// The top-level `"stream"` is `true` (the last one, if repeated): the response streams.
     pub stream: bool,
+    /// Issue [11]: the largest top-level `"max_tokens"` or `"max_completion_tokens"` that is
+    /// an integer from 0 to `u32::MAX` (any other value is left to the backend to judge). The
+    /// largest, not the first or last, because parsers disagree on repeated keys and a
+    /// reservation must not be the smaller of two readings.
+    pub max_tokens: Option<u32>,
 }
 
 /// Finds the top-level `"model"` string of a JSON object body, validating the whole body.
@@ -146,7 +151,7 @@ pub(super) fn find_model_observed<'a, O: Observer>(
                 false => Cow::Borrowed(std::str::from_utf8(raw).expect("validated by the scan")),
                 true => Cow::Owned(unescape_to_string(raw)),
             };
-            Ok(ModelField { token, value, stream: s.stream })
+            Ok(ModelField { token, value, stream: s.stream, max_tokens: s.max_tokens })
         }
     }
 }
@@ -254,6 +259,8 @@ struct Scanner<'a, 'o, 'f, O> {
     found: Found,
     /// The last top-level `"stream"` was `true`.
     stream: bool,
+    /// The largest top-level `max_tokens` or `max_completion_tokens` so far.
+    max_tokens: Option<u32>,
     observer: &'o mut O,
     /// The other top-level fields looked for, and what was found of them.
     fields: BodyFields<'f>,
@@ -264,6 +271,8 @@ struct Scanner<'a, 'o, 'f, O> {
 enum TopKey {
     Model,
     Stream,
+    /// `max_tokens` or `max_completion_tokens`.
+    MaxTokens,
     /// `fields.names[i]`, the first time it is seen.
     Field(usize),
     Other,
@@ -279,6 +288,7 @@ impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
             next: TopKey::Other,
             found: Found::None,
             stream: false,
+            max_tokens: None,
             observer,
             fields,
         }
@@ -354,6 +364,7 @@ impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
             self.next = match () {
                 () if is(b"model") => TopKey::Model,
                 () if is(b"stream") => TopKey::Stream,
+                () if is(b"max_tokens") || is(b"max_completion_tokens") => TopKey::MaxTokens,
                 () => match self.fields.names.iter().position(|name| is(name)) {
                     Some(i) if self.fields.values[i] == FieldValue::Unseen => TopKey::Field(i),
                     _ => TopKey::Other,
@@ -393,6 +404,7 @@ impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
         match self.next {
             TopKey::Model => self.found(Found::NotString)?,
             TopKey::Stream => self.stream = b == b't',
+            TopKey::MaxTokens => self.max_tokens(start),
             TopKey::Field(i) if self.fields.values[i] == FieldValue::Unseen => {
                 self.fields.values[i] = FieldValue::Absent;
             }
@@ -409,6 +421,20 @@ impl<'a, 'o, 'f, O: Observer> Scanner<'a, 'o, 'f, O> {
         let usable = (1..=super::SESSION_ID_BYTES_MAX).contains(&(end - start));
         self.fields.values[i] =
             if usable { FieldValue::String { start, end } } else { FieldValue::Absent };
+    }
+
+    /// A `max_tokens` value, scanned from `start`: kept when it is an integer that fits `u32`
+    /// and is the largest so far.
+    #[inline(never)]
+    fn max_tokens(&mut self, start: usize) {
+        let digits = &self.buf[start..self.pos];
+        if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+            return;
+        }
+        let value = digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if let Ok(value) = u32::try_from(value) {
+            self.max_tokens = Some(self.max_tokens.map_or(value, |m| m.max(value)));
+        }
     }
 
     /// Records the model value (or its absence of stringness), refusing a second one.

@@ -413,3 +413,22 @@ fn stream_flag_is_the_top_level_true() {
     assert!(!stream(r#"{"model":"m","stream":[true]}"#));
     assert!(!stream(r#"{"model":"m"}"#));
 }
+
+/// Issue [11]: the largest top-level `max_tokens` or `max_completion_tokens` integer counts;
+/// nested ones, other types, fractions, negatives and overflows do not.
+#[test]
+fn max_tokens_is_the_largest_top_level_integer() {
+    let max = |body: &str| find(body.as_bytes()).unwrap().max_tokens;
+    assert_eq!(max(r#"{"model":"m"}"#), None);
+    assert_eq!(max(r#"{"model":"m","max_tokens":64}"#), Some(64));
+    assert_eq!(max(r#"{"max_completion_tokens" : 0 ,"model":"m"}"#), Some(0));
+    assert_eq!(max(r#"{"model":"m","max_tokens":5,"max_completion_tokens":7}"#), Some(7));
+    assert_eq!(max(r#"{"model":"m","max_tokens":9,"max_tokens":2}"#), Some(9));
+    assert_eq!(max(r#"{"model":"m","max_tok\u0065ns":12}"#), Some(12));
+    assert_eq!(max(r#"{"model":"m","max_tokens":4294967295}"#), Some(u32::MAX));
+    for ignored in ["4294967296", "-1", "1.5", "1e3", "\"64\"", "null", "[64]", "{\"a\":1}"] {
+        let body = format!(r#"{{"model":"m","max_tokens":{ignored}}}"#);
+        assert_eq!(max(&body), None, "{body}");
+    }
+    assert_eq!(max(r#"{"model":"m","options":{"max_tokens":64}}"#), None);
+}

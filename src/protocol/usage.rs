@@ -9,31 +9,39 @@
 //! `"choices":[]`) before `data: [DONE]`, and vLLM with continuous usage stats sends one in
 //! every event. vLLM and SGLang follow OpenAI's shape; `prompt_tokens_details` and its
 //! `cached_tokens` may be absent or `null`. [`UsageScanner`] is fed every read of a response
-//! body, split anywhere (in a key, in a number), and reports the last `prompt_tokens` and the
-//! last `cached_tokens` it saw ([`Usage`]), wherever they are in the body. It is sans-IO, holds
+//! body, split anywhere (in a key, in a number), and reports the last `prompt_tokens`, the
+//! last `completion_tokens` and the last `cached_tokens` it saw ([`Usage`]), wherever they are
+//! in the body, and how many SSE `data:` events began a line (issue [11]: a stream without
+//! `usage` is charged a token per event). It is sans-IO, holds
 //! a few dozen bytes of state, allocates nothing, and does not parse the body.
 //!
 //! # How
 //!
-//! Both keys end in `tokens"`. The scanner skips from one `tokens"` to the next with
+//! The three keys end in `tokens"`. The scanner skips from one `tokens"` to the next with
 //! `memchr::memmem`: a vectorised search for two of the needle's bytes (the "packed pair" form of
 //! Muła's generic SIMD substring search, with AVX2 when the CPU has it, chosen at run time), each
 //! candidate confirmed, and Two-Way (Crochemore and Perrin 1991) where that does not apply. Most
-//! bytes are only touched by the vector compare. At each occurrence it checks the eight bytes
-//! before (`"prompt_` or `"cached_`) and the one before those (`{`, `,` or JSON whitespace), then
+//! bytes are only touched by the vector compare. At each occurrence it checks the bytes before
+//! (`"prompt_`, `"cached_` or `"completion_`) and the one before those (`{`, `,` or JSON
+//! whitespace), then
 //! reads the rest a byte at a time through a small state machine: whitespace, `:`, whitespace, the
-//! digits, whitespace, and `,`, `}` or `]`. The last 16 bytes of each read are kept, so a key cut
+//! digits, whitespace, and `,`, `}` or `]`. The last 24 bytes of each read are kept, so a key cut
 //! by the end of a read is found when the next read completes it; the state machine itself carries
 //! a value across reads.
+//!
+//! Events: a second `memmem` search counts `\ndata:` (an SSE `data:` field at the start of a
+//! line; the body's start counts as a line start), joined across reads the same way. A JSON
+//! string cannot hold a raw line feed, so text inside an event never counts. Chunk framing
+//! between pieces can hide an event (a count too low by one), never make one.
 //!
 //! # Why text inside a string cannot match
 //!
 //! Inside a JSON string every `"` byte is escaped, so it directly follows a `\` (RFC 8259
 //! section 7). The needle's quote directly follows `s`, so it is outside every string: it ends
-//! one. The quote eight bytes earlier directly follows `{`, `,` or whitespace, never `\`, so it
-//! is outside a string too and begins one: the string between them is exactly `prompt_tokens`
-//! (or `cached_tokens`). The `:` that must follow makes that string a key, not a value that
-//! spells the word (`"content":"prompt_tokens"`). An assistant's text that mentions
+//! one. The quote before the key's first letter directly follows `{`, `,` or whitespace, never
+//! `\`, so it is outside a string too and begins one: the string between them is exactly
+//! `prompt_tokens` (or `cached_tokens`, `completion_tokens`). The `:` that must follow makes
+//! that string a key, not a value that spells the word (`"content":"prompt_tokens"`). An assistant's text that mentions
 //! `"prompt_tokens": 5` is sent as `\"prompt_tokens\": 5` and matches nothing.
 //!
 //! # Numbers
@@ -73,15 +81,23 @@ use memchr::memmem::Finder;
 /// What every key looked for ends with.
 const NEEDLE: &[u8] = b"tokens\"";
 
-/// The bytes checked before the needle: one that may precede a key's opening quote, and the
-/// quote with the first half of the key.
-const LOOKBEHIND: usize = 9;
+/// The bytes checked before the needle at most: one that may precede a key's opening quote,
+/// and the quote with the first part of the longest key (`"completion_`).
+const LOOKBEHIND: usize = 13;
 
 /// Bytes of the previous reads kept: a needle begun in them (at most `NEEDLE.len() - 1` bytes)
 /// with its lookbehind.
-const TAIL: usize = 16;
+const TAIL: usize = 24;
+
+/// An SSE `data:` field at the start of a line.
+const EVENT: &[u8] = b"\ndata:";
+
+/// The keys: the bytes before the needle, and which key they make.
+const KEYS: [(&[u8], Key); 3] =
+    [(b"\"prompt_", Key::Prompt), (b"\"cached_", Key::Cached), (b"\"completion_", Key::Completion)];
 
 static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(NEEDLE));
+static EVENTS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(EVENT));
 
 /// The token counts read from a response body; `None` when none was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -90,6 +106,8 @@ pub struct Usage {
     pub prompt_tokens: Option<u32>,
     /// The last `cached_tokens` (OpenAI's `prompt_tokens_details.cached_tokens`).
     pub cached_tokens: Option<u32>,
+    /// The last `completion_tokens`.
+    pub completion_tokens: Option<u32>,
 }
 
 /// Reads [`Usage`] from a response body fed in pieces; one per response, or [`reset`] between
@@ -103,6 +121,8 @@ pub struct UsageScanner {
     tail: [u8; TAIL],
     tail_len: usize,
     usage: Usage,
+    /// `data:` events begun at a line start so far.
+    events: u32,
 }
 
 /// The keys read.
@@ -110,6 +130,7 @@ pub struct UsageScanner {
 enum Key {
     Prompt,
     Cached,
+    Completion,
 }
 
 /// Where the scanner is, between bytes.
@@ -136,7 +157,10 @@ impl Default for UsageScanner {
 impl UsageScanner {
     /// A scanner that has seen nothing.
     pub fn new() -> Self {
-        UsageScanner { state: State::Seek, tail: [0; TAIL], tail_len: 0, usage: Usage::default() }
+        // The body's start is a line start: a virtual line feed begins the tail.
+        let mut tail = [0; TAIL];
+        tail[0] = b'\n';
+        UsageScanner { state: State::Seek, tail, tail_len: 1, usage: Usage::default(), events: 0 }
     }
 
     /// Forgets everything, for the next response.
@@ -149,8 +173,14 @@ impl UsageScanner {
         self.usage
     }
 
+    /// SSE `data:` events begun at a line start in the body fed so far.
+    pub fn events(&self) -> u32 {
+        self.events
+    }
+
     /// Reads the next piece of the body.
     pub fn feed(&mut self, bytes: &[u8]) {
+        self.count_events(bytes);
         let mut at = match self.state {
             State::Seek => self.junction(bytes),
             _ => 0,
@@ -174,6 +204,20 @@ impl UsageScanner {
         self.remember(bytes);
     }
 
+    /// Counts the events that end in `bytes`: one begun in the previous reads, then those
+    /// wholly in `bytes`.
+    fn count_events(&mut self, bytes: &[u8]) {
+        let head = bytes.len().min(EVENT.len() - 1);
+        let kept = self.tail_len.min(EVENT.len() - 1);
+        let mut joint = [0u8; 2 * EVENT.len()];
+        joint[..kept].copy_from_slice(&self.tail[self.tail_len - kept..self.tail_len]);
+        joint[kept..kept + head].copy_from_slice(&bytes[..head]);
+        let joint = &joint[..kept + head];
+        let across = (0..kept).filter(|&start| joint[start..].starts_with(EVENT)).count();
+        let within = EVENTS.find_iter(bytes).count();
+        self.events = self.events.saturating_add((across + within) as u32);
+    }
+
     /// A needle begun in the previous reads and ended in `bytes`: when it is a key, the state
     /// after it, and where in `bytes` it ends; 0 otherwise.
     fn junction(&mut self, bytes: &[u8]) -> usize {
@@ -182,10 +226,10 @@ impl UsageScanner {
         joint[..self.tail_len].copy_from_slice(&self.tail[..self.tail_len]);
         joint[self.tail_len..self.tail_len + head].copy_from_slice(&bytes[..head]);
         let joint = &joint[..self.tail_len + head];
-        let first = self.tail_len.saturating_sub(NEEDLE.len() - 1).max(LOOKBEHIND);
+        let first = self.tail_len.saturating_sub(NEEDLE.len() - 1);
         for start in first..self.tail_len {
             if joint[start..].starts_with(NEEDLE) {
-                if let Some(key) = key_after(&joint[start - LOOKBEHIND..start]) {
+                if let Some(key) = key_after(&joint[start.saturating_sub(LOOKBEHIND)..start]) {
                     self.state = State::Colon(key);
                     return start + NEEDLE.len() - self.tail_len;
                 }
@@ -200,14 +244,11 @@ impl UsageScanner {
         if needle >= LOOKBEHIND {
             return key_after(&bytes[needle - LOOKBEHIND..needle]);
         }
-        let from_tail = LOOKBEHIND - needle;
-        if self.tail_len < from_tail {
-            return None;
-        }
+        let from_tail = (LOOKBEHIND - needle).min(self.tail_len);
         let mut back = [0u8; LOOKBEHIND];
         back[..from_tail].copy_from_slice(&self.tail[self.tail_len - from_tail..self.tail_len]);
-        back[from_tail..].copy_from_slice(&bytes[..needle]);
-        key_after(&back)
+        back[from_tail..from_tail + needle].copy_from_slice(&bytes[..needle]);
+        key_after(&back[..from_tail + needle])
     }
 
     /// Moves the state machine by one byte after a key; whether the byte was used (a byte that
@@ -245,6 +286,7 @@ impl UsageScanner {
         match key {
             Key::Prompt => self.usage.prompt_tokens = Some(value),
             Key::Cached => self.usage.cached_tokens = Some(value),
+            Key::Completion => self.usage.completion_tokens = Some(value),
         }
     }
 
@@ -262,17 +304,15 @@ impl UsageScanner {
     }
 }
 
-/// The key whose needle follows `back` (the `LOOKBEHIND` bytes before it): `back` is a byte
-/// that may precede a key's opening quote, then the quote and `prompt_` or `cached_`.
+/// The key whose needle follows `back` (up to `LOOKBEHIND` bytes before it): `back` ends with
+/// a byte that may precede a key's opening quote, then the quote and `prompt_`, `cached_` or
+/// `completion_`.
 fn key_after(back: &[u8]) -> Option<Key> {
-    if !matches!(back[0], b'{' | b',' | b' ' | b'\t' | b'\n' | b'\r') {
-        return None;
-    }
-    match &back[1..] {
-        b"\"prompt_" => Some(Key::Prompt),
-        b"\"cached_" => Some(Key::Cached),
-        _ => None,
-    }
+    KEYS.iter().find_map(|&(start, key)| {
+        let before = back.len().checked_sub(start.len() + 1)?;
+        let opens = matches!(back[before], b'{' | b',' | b' ' | b'\t' | b'\n' | b'\r');
+        (opens && back.ends_with(start)).then_some(key)
+    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 use super::*;
 use crate::protocol::harness::{check_usage, reference_usage};
 
-fn usage(prompt: Option<u32>, cached: Option<u32>) -> Usage {
-    Usage { prompt_tokens: prompt, cached_tokens: cached }
+fn usage(prompt: Option<u32>, cached: Option<u32>, completion: Option<u32>) -> Usage {
+    Usage { prompt_tokens: prompt, cached_tokens: cached, completion_tokens: completion }
 }
 
 /// The usage of `body` fed whole.
@@ -77,10 +77,10 @@ fn vllm_stream() -> String {
 
 #[test]
 fn engines_bodies_split_anywhere() {
-    assert_eq!(every_split(VLLM.as_bytes()), usage(Some(1187), Some(1024)));
-    assert_eq!(every_split(VLLM_NO_DETAILS.as_bytes()), usage(Some(5), None));
-    assert_eq!(every_split(SGLANG.as_bytes()), usage(Some(21), Some(16)));
-    assert_eq!(every_split(vllm_stream().as_bytes()), usage(Some(42), Some(32)));
+    assert_eq!(every_split(VLLM.as_bytes()), usage(Some(1187), Some(1024), Some(12)));
+    assert_eq!(every_split(VLLM_NO_DETAILS.as_bytes()), usage(Some(5), None, Some(2)));
+    assert_eq!(every_split(SGLANG.as_bytes()), usage(Some(21), Some(16), Some(3)));
+    assert_eq!(every_split(vllm_stream().as_bytes()), usage(Some(42), Some(32), Some(3)));
     for body in [VLLM, VLLM_NO_DETAILS, SGLANG] {
         check_usage(&[&[0u8, 3][..], body.as_bytes()].concat());
     }
@@ -105,13 +105,14 @@ fn text_about_the_keys_is_not_read() {
         r#"see prompt_tokens"#,
         r#"\\"#,
         r#"\"cached_tokens\" : 5 , x"#,
+        r#"\"completion_tokens\": 99999}"#,
     ];
     for text in content {
         let body = format!(
             r#"{{"choices":[{{"message":{{"role":"assistant","content":"{text}"}}}}],"n":["prompt_tokens",{{"x":"cached_tokens"}}],"usage":{{"prompt_tokens":3,"completion_tokens":1}}}}"#
         );
         serde_json::from_str::<serde_json::Value>(&body).expect("a valid test body");
-        assert_eq!(every_split(body.as_bytes()), usage(Some(3), None), "{text}");
+        assert_eq!(every_split(body.as_bytes()), usage(Some(3), None, Some(1)), "{text}");
         let tokens = format!(
             r#"{{"content":"{text}","other_prompt_tokens":7,"xcached_tokens":8,"a \"prompt_tokens":9}}"#
         );
@@ -150,7 +151,7 @@ fn only_integers_that_fit_count() {
         r#"{"a":{"prompt_tokens":5},"b":{"prompt_tokens":1.5},"c":{"prompt_tokens":null}}"#;
     assert_eq!(every_split(earlier.as_bytes()).prompt_tokens, Some(5));
     let nested = r#"{"prompt_tokens":{"cached_tokens":4}}"#;
-    assert_eq!(every_split(nested.as_bytes()), usage(None, Some(4)));
+    assert_eq!(every_split(nested.as_bytes()), usage(None, Some(4), None));
 }
 
 #[test]
@@ -158,11 +159,11 @@ fn the_last_value_wins_and_an_unfinished_one_does_not_count() {
     let continuous = "data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n\n\
                       data: {\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":2,\
                       \"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n";
-    assert_eq!(every_split(continuous.as_bytes()), usage(Some(11), Some(8)));
+    assert_eq!(every_split(continuous.as_bytes()), usage(Some(11), Some(8), Some(2)));
     let cut = b"{\"usage\":{\"prompt_tokens\":12,\"cached_tokens\":34";
-    assert_eq!(every_split(cut), usage(Some(12), None));
+    assert_eq!(every_split(cut), usage(Some(12), None, None));
     let cut = b"{\"usage\":{\"prompt_tokens\":12}},{\"prompt_tokens\":345";
-    assert_eq!(every_split(cut), usage(Some(12), None));
+    assert_eq!(every_split(cut), usage(Some(12), None, None));
 }
 
 #[test]
@@ -178,6 +179,7 @@ fn chunk_framing_never_makes_a_wrong_number() {
                 for (got, truth) in [
                     (got.prompt_tokens, truth.prompt_tokens),
                     (got.cached_tokens, truth.cached_tokens),
+                    (got.completion_tokens, truth.completion_tokens),
                 ] {
                     assert!(got.is_none() || got == truth, "framing {size:?} at {at}: {got:?}");
                 }
@@ -193,4 +195,28 @@ fn the_reference_agrees_on_these_bodies() {
         let reference = reference_usage(body.as_bytes()).expect("JSON or SSE of JSON");
         assert_eq!(whole(body.as_bytes()), reference, "{body}");
     }
+}
+
+/// Issue [11]: a stream's `data:` events are counted at line starts, split anywhere; text
+/// inside an event never counts, and a non-stream body has none.
+#[test]
+fn stream_events_are_counted_at_line_starts() {
+    let stream = vllm_stream();
+    let count = |body: &[u8]| {
+        let mut scanner = UsageScanner::new();
+        scanner.feed(body);
+        let whole = scanner.events();
+        for at in 0..=body.len() {
+            let mut scanner = UsageScanner::new();
+            scanner.feed(&body[..at]);
+            scanner.feed(&body[at..]);
+            assert_eq!(scanner.events(), whole, "split at {at}");
+        }
+        whole
+    };
+    assert_eq!(count(stream.as_bytes()), 5, "three content events, the usage one and [DONE]");
+    assert_eq!(count(VLLM.as_bytes()), 0);
+    let text = "data: {\"choices\":[{\"delta\":{\"content\":\"a\\ndata: b data:\"}}]}\n\n";
+    assert_eq!(count(text.as_bytes()), 1, "an escaped line feed starts no line");
+    assert_eq!(count(b"event: x\r\ndata: 1\r\n\r\ndata:2\n\n"), 2);
 }

@@ -262,6 +262,12 @@ pub struct Record<'a> {
     /// Response bytes written to the client.
     pub bytes_out: u64,
     pub outcome: Outcome,
+    /// Issue [11]: the limit that refused the request (`requests` or `tokens`).
+    pub rate_limited: Option<&'static str>,
+    /// Issue [11]: the tokens reserved against the tenant's `tokens_per_minute`, and what the
+    /// request settled to (both `null` without a token limit).
+    pub tokens_reserved: Option<u64>,
+    pub tokens_used: Option<u64>,
 }
 
 /// Appends `record` as one JSON line (with its newline) to `out`; no allocation beyond `out`.
@@ -314,7 +320,19 @@ pub fn format_line(record: &Record<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(decimal(record.bytes_out, &mut digits));
     out.extend_from_slice(b",\"outcome\":\"");
     out.extend_from_slice(record.outcome.name().as_bytes());
-    out.extend_from_slice(b"\"}\n");
+    out.extend_from_slice(b"\",\"rate_limited\":");
+    bytes_or_null(record.rate_limited.map(str::as_bytes), out);
+    for (name, value) in [
+        (&b",\"tokens_reserved\":"[..], record.tokens_reserved),
+        (b",\"tokens_used\":", record.tokens_used),
+    ] {
+        out.extend_from_slice(name);
+        match value {
+            Some(n) => out.extend_from_slice(decimal(n, &mut digits)),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+    out.extend_from_slice(b"}\n");
 }
 
 fn micros(d: Duration) -> u64 {
@@ -388,6 +406,9 @@ mod tests {
             bytes_in: 120,
             bytes_out: 4096,
             outcome: Outcome::Relayed,
+            rate_limited: None,
+            tokens_reserved: Some(1300),
+            tokens_used: Some(1212),
         }
     }
 
@@ -407,6 +428,11 @@ mod tests {
         assert_eq!(value["total_us"], 35_000);
         assert_eq!(value["bytes_out"], 4096);
         assert_eq!(value["outcome"], "relayed");
+        assert!(value["rate_limited"].is_null(), "{value}");
+        assert_eq!(
+            (&value["tokens_reserved"], &value["tokens_used"]),
+            (&1300.into(), &1212.into())
+        );
 
         let mut gone = record();
         gone.status = 0;
@@ -415,12 +441,16 @@ mod tests {
         gone.backend = None;
         gone.tenant = None;
         gone.outcome = Outcome::ClientGone;
+        gone.rate_limited = Some("tokens");
+        gone.tokens_used = None;
         out.clear();
         format_line(&gone, &mut out);
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert!(value["status"].is_null() && value["ttfb_us"].is_null(), "{value}");
         assert!(value["tenant"].is_null(), "{value}");
         assert_eq!(value["outcome"], "client_gone");
+        assert_eq!(value["rate_limited"], "tokens");
+        assert!(value["tokens_used"].is_null(), "{value}");
     }
 
     #[test]

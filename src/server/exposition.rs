@@ -94,6 +94,9 @@ enum Source {
     HitRatio,
     /// `model`, `backend`, `kind`: the shards' upstream failures.
     UpstreamErrors,
+    /// `tenant` and the given label: a per-tenant pair of counters of the shards (issue
+    /// \[11\]), one series per configured tenant and label value.
+    Tenant(&'static str, [&'static str; 2], fn(&ShardMetrics) -> &[[AtomicU64; 2]]),
     /// No labels: summed over the shards.
     Shards(fn(&ShardMetrics) -> &AtomicU64),
     /// No labels: the router's own.
@@ -120,6 +123,7 @@ impl Source {
             Source::Backend(_) | Source::Learned(_) => &["model", "backend"],
             Source::HitRatio => &["model", "backend", "source"],
             Source::UpstreamErrors => &["model", "backend", "kind"],
+            Source::Tenant(key, _, _) => return vec!["tenant", key],
             Source::Shards(_) | Source::Router(_) => &[],
         };
         labels.to_vec()
@@ -361,6 +365,33 @@ static FAMILIES: &[Family] = &[
         source: Source::ModelCounter(|m| &m.pool_reconnects),
     },
     Family {
+        name: "warmpath_tenant_tokens_total",
+        kind: "counter",
+        help: "Tokens of a tenant's 2xx responses as settled against its limits, by kind \
+               (usage's prompt_tokens and completion_tokens, or their estimates).",
+        source: Source::Tenant("kind", ["prompt", "completion"], |s| &s.tenant_tokens),
+    },
+    Family {
+        name: "warmpath_rate_limited_total",
+        kind: "counter",
+        help: "Requests refused by their tenant's rate limits, by limit.",
+        source: Source::Tenant("limit", ["requests", "tokens"], |s| &s.rate_limited),
+    },
+    Family {
+        name: "warmpath_rate_limit_store_errors_total",
+        kind: "counter",
+        help: "Syncs with the Redis rate-limit store that failed (unreachable, refused, or \
+               past its timeout); the limits were local meanwhile.",
+        source: Source::Router(|shared, _| shared.limiter.store.errors.load(Ordering::Relaxed)),
+    },
+    Family {
+        name: "warmpath_rate_limit_store_up",
+        kind: "gauge",
+        help: "1 when the last sync with the Redis rate-limit store succeeded; 0 when the \
+               limits are local (the local store, or Redis away).",
+        source: Source::Router(|shared, _| shared.limiter.store.up.load(Ordering::Relaxed)),
+    },
+    Family {
         name: "warmpath_connections_accepted_total",
         kind: "counter",
         help: "Client connections accepted.",
@@ -505,6 +536,17 @@ impl<'a> Scrape<'a> {
             }
             Source::HitRatio => self.hit_ratios(out, name),
             Source::UpstreamErrors => self.upstream_errors(out, name),
+            Source::Tenant(key, values, pick) => {
+                for (index, t) in self.tenants.iter().enumerate() {
+                    for (i, value) in values.iter().enumerate() {
+                        let n: u64 = (self.shards.iter())
+                            .filter_map(|s| pick(s).get(index))
+                            .map(|pair| pair[i].load(Ordering::Relaxed))
+                            .sum();
+                        put(out, name, &[("tenant", t), (key, value)], n);
+                    }
+                }
+            }
             Source::Shards(pick) => put(out, name, &[], self.sum_shards(pick)),
             Source::Router(pick) => put(out, name, &[], pick(self.shared, self.gen)),
         }

@@ -270,6 +270,11 @@ impl Generation {
         !self.keys.is_empty()
     }
 
+    /// Tenant `index` ([`NO_TENANT`] is none).
+    pub fn tenant(&self, index: u16) -> Option<&Tenant> {
+        self.tenants.get(usize::from(index).checked_sub(1)?)
+    }
+
     /// The name of tenant `index` ([`NO_TENANT`] has none).
     pub fn tenant_name(&self, index: u16) -> Option<&str> {
         let slot = usize::from(index).checked_sub(1)?;

@@ -368,6 +368,12 @@ pub struct ShardMetrics {
     /// TLS connections closed on a TLS error (issue [11]): a failed handshake, bytes that are
     /// not TLS, a record that does not decrypt.
     pub tls_errors: AtomicU64,
+    /// Issue [11], per configured tenant `t` at `t - 1`: tokens of its 2xx responses as
+    /// settled, `[prompt, completion]`.
+    pub tenant_tokens: Box<[[AtomicU64; 2]]>,
+    /// Issue [11], per configured tenant `t` at `t - 1`: requests refused by its limits,
+    /// `[Limit as usize]`.
+    pub rate_limited: Box<[[AtomicU64; 2]]>,
 }
 
 impl ShardMetrics {
@@ -382,6 +388,8 @@ impl ShardMetrics {
             buffered: AtomicU64::new(0),
             clients_gone: AtomicU64::new(0),
             tls_errors: AtomicU64::new(0),
+            tenant_tokens: (0..tenants).map(|_| Default::default()).collect(),
+            rate_limited: (0..tenants).map(|_| Default::default()).collect(),
         }
     }
 
@@ -400,6 +408,12 @@ impl ShardMetrics {
             to.copy_from(from);
         }
         copy(&grown.other_status, &self.other_status);
+        for (to, from) in grown.tenant_tokens.iter().zip(self.tenant_tokens.iter()) {
+            copy(to, from);
+        }
+        for (to, from) in grown.rate_limited.iter().zip(self.rate_limited.iter()) {
+            copy(to, from);
+        }
         let scalars = |m: &ShardMetrics| {
             [&m.accepted, &m.refused, &m.open, &m.buffered, &m.clients_gone, &m.tls_errors]
                 .map(|a| a.load(Ordering::Relaxed))
@@ -443,6 +457,18 @@ impl ShardMetrics {
             0 => model.observe_ttft(turn, warm, value),
             _ => model.tenant(tenant).ttft[turn][usize::from(warm)].observe(value),
         }
+    }
+
+    /// Counts a request of `tenant` (from 1) refused by its `limit`.
+    pub fn count_rate_limited(&self, tenant: u16, limit: crate::server::rate_limit::Limit) {
+        add(&self.rate_limited[usize::from(tenant) - 1][limit as usize], 1);
+    }
+
+    /// Counts the settled tokens of a 2xx response to `tenant` (from 1).
+    pub fn count_tenant_tokens(&self, tenant: u16, prompt: u64, completion: u64) {
+        let counters = &self.tenant_tokens[usize::from(tenant) - 1];
+        add(&counters[0], prompt);
+        add(&counters[1], completion);
     }
 
     /// Counts a router answer not attributed to a model.

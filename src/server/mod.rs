@@ -24,6 +24,7 @@ pub mod exposition;
 pub mod generation;
 pub mod host;
 pub mod metrics;
+pub mod rate_limit;
 pub mod reload;
 pub mod report;
 pub mod shard;
@@ -43,7 +44,7 @@ use std::thread::JoinHandle;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::clock::Clock;
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, RateLimitStore};
 use crate::control::thread::{ControlSettings, ControlThread, Plan, SharedPlan};
 use crate::ring::Ring;
 use crate::scheduler::{Input, Output};
@@ -102,6 +103,9 @@ pub struct Shared {
     /// that the others still report to.
     pub shards_busy: AtomicUsize,
     pub clock: Clock,
+    /// Issue [11]: every tenant's rate-limit cells, shared by the shards (and the Redis
+    /// store's thread).
+    pub limiter: rate_limit::Limiter,
 }
 
 impl Shared {
@@ -115,6 +119,7 @@ impl Shared {
         clock: &Clock,
     ) -> Shared {
         let shard_count = rings.len();
+        let store = generation.config.rate_limit.store;
         let shard_metrics = (0..shard_count)
             .map(|_| Mutex::new(Arc::new(ShardMetrics::for_generation(&generation))))
             .collect();
@@ -131,6 +136,7 @@ impl Shared {
             reloads_refused: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             shards_busy: AtomicUsize::new(shard_count),
+            limiter: rate_limit::Limiter::new(clock.rate(), store == RateLimitStore::Redis),
             clock: clock.clone(),
         }
     }
@@ -168,6 +174,8 @@ pub struct Running {
     control: ControlThread,
     admin: admin::AdminThread,
     access_log: Option<access_log::LogWriter>,
+    /// The Redis store's thread (`rate_limit.store = "redis"`).
+    store: Option<rate_limit::store::StoreThread>,
 }
 
 impl Running {
@@ -232,6 +240,9 @@ impl Running {
         }
         self.admin.stop();
         let _ = self.control.stop();
+        if let Some(store) = self.store {
+            store.stop();
+        }
         if let Some(log) = self.access_log {
             log.stop();
         }
@@ -281,10 +292,19 @@ pub fn start_with_source(
     let logs = access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec());
     let shared = Arc::new(Shared::new(Arc::new(generation), source, rings, plan, logs, &clock));
     let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock)?;
+    // Before the shards: a replica starts serving with the global buckets (issue [11]).
+    let generation = shared.generation();
+    let limits = &generation.config.rate_limit;
+    let store = match limits.store {
+        RateLimitStore::Redis => {
+            Some(rate_limit::store::StoreThread::spawn(Arc::clone(&shared), &limits.redis_url)?)
+        }
+        RateLimitStore::Local => None,
+    };
     let parts = polls.into_iter().zip(listeners).zip(hosted);
     let shards = spawn_shards(parts, &shared, pin_cores)?;
     let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
-    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log })
+    Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log, store })
 }
 
 /// One `SO_REUSEPORT` listener per shard on `listen`, and the address they listen on (the

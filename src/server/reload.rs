@@ -92,6 +92,15 @@ fn keep_restart_only(active: &Config, mut new: Config) -> (Config, Vec<String>) 
     server.shards = old.shards;
     server.pin_cores = old.pin_cores;
     server.access_log = old.access_log.clone();
+    // Issue [11]: the Redis store's thread is started with the process.
+    if new.rate_limit != active.rate_limit {
+        kept.push(format!(
+            "rate_limit.store and rate_limit.redis_url need a restart; keeping {} and {:?}",
+            active.rate_limit.store.name(),
+            active.rate_limit.redis_url
+        ));
+        new.rate_limit = active.rate_limit.clone();
+    }
     for model in &mut new.models {
         let Some(running) = active.model(&model.name) else { continue };
         if model.queue.max_sessions != running.queue.max_sessions {

@@ -29,8 +29,10 @@ pub struct Setup {
     queue: BTreeMap<String, String>,
     upstream: BTreeMap<String, String>,
     models: Vec<Model>,
-    /// `[[tenant]]` tables: a name and the digests of its keys, in hex.
-    tenants: Vec<(String, Vec<String>)>,
+    /// `[[tenant]]` tables: a name, the digests of its keys in hex, and its other keys.
+    tenants: Vec<(String, Vec<String>, BTreeMap<String, String>)>,
+    /// `[rate_limit]`.
+    rate_limit: BTreeMap<String, String>,
 }
 
 impl Default for Setup {
@@ -48,6 +50,7 @@ impl Setup {
             upstream: BTreeMap::new(),
             models: Vec::new(),
             tenants: Vec::new(),
+            rate_limit: BTreeMap::new(),
         };
         setup = setup
             .server("listen", "127.0.0.1:0")
@@ -90,7 +93,20 @@ impl Setup {
     /// A `[[tenant]]` whose API keys are `keys` (the tokens; the table lists their digests).
     pub fn tenant(mut self, name: &str, keys: &[&str]) -> Setup {
         let digests = keys.iter().map(|key| digest_hex(key)).collect();
-        self.tenants.push((name.to_owned(), digests));
+        self.tenants.push((name.to_owned(), digests, BTreeMap::new()));
+        self
+    }
+
+    /// A key of the last tenant added (`tokens_per_minute`, `requests_per_minute`, `weight`).
+    pub fn tenant_key(mut self, key: &str, value: &str) -> Setup {
+        let tenant = self.tenants.last_mut().expect("add a tenant first");
+        tenant.2.insert(key.to_owned(), toml_value(value));
+        self
+    }
+
+    /// A `[rate_limit]` key.
+    pub fn rate_limit(mut self, key: &str, value: &str) -> Setup {
+        self.rate_limit.insert(key.to_owned(), toml_value(value));
         self
     }
 
@@ -110,19 +126,26 @@ impl Setup {
     /// The TOML text.
     pub fn toml(&self) -> String {
         let mut text = String::new();
-        for (section, keys) in
-            [("server", &self.server), ("queue", &self.queue), ("upstream", &self.upstream)]
-        {
+        for (section, keys) in [
+            ("server", &self.server),
+            ("queue", &self.queue),
+            ("upstream", &self.upstream),
+            ("rate_limit", &self.rate_limit),
+        ] {
             let _ = writeln!(text, "[{section}]");
             for (key, value) in keys {
                 let _ = writeln!(text, "{key} = {value}");
             }
             text.push('\n');
         }
-        for (name, digests) in &self.tenants {
+        for (name, digests, keys) in &self.tenants {
             let digests: Vec<String> = digests.iter().map(|d| format!("{d:?}")).collect();
             let _ = writeln!(text, "[[tenant]]\nname = {name:?}");
-            let _ = writeln!(text, "api_key_sha256 = [{}]\n", digests.join(", "));
+            let _ = writeln!(text, "api_key_sha256 = [{}]", digests.join(", "));
+            for (key, value) in keys {
+                let _ = writeln!(text, "{key} = {value}");
+            }
+            text.push('\n');
         }
         for model in &self.models {
             let backends: Vec<String> = model.backends.iter().map(|b| format!("{b:?}")).collect();

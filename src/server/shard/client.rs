@@ -35,6 +35,7 @@ use super::answer::{rejection, write_json, write_router_error, AnswerTo, ErrorAn
 use super::answer::{write_router_error_with, BEARER_CHALLENGE};
 use super::auth;
 use super::connection::{discard_unread, read_away, Client, Phase};
+use super::limits;
 use super::request::{
     format_request_id, hash_session, session_value, Admission, Request, Requests, Session,
 };
@@ -60,6 +61,8 @@ struct Route {
     model: u16,
     session: Option<u64>,
     body_len: usize,
+    /// Issue [11]: the body's `max_tokens` (see `protocol::json::ModelField`).
+    max_tokens: Option<u32>,
 }
 
 /// A router answer refusing a request: its status, error code and message, and the model it
@@ -554,6 +557,7 @@ impl Clients {
             return Err(refusal(404, "model_not_found", message.into(), None));
         };
         let (streaming, token, body_len) = (field.stream, field.token.clone(), body.len());
+        let max_tokens = field.max_tokens;
         req.model = Some(model);
         req.streaming = streaming;
         req.model_token = token;
@@ -562,7 +566,7 @@ impl Clients {
             Ok(session) => {
                 req.session = session;
                 let session = req.session_value(&c.rbuf).map(hash_session);
-                Ok(Route { model, session, body_len })
+                Ok(Route { model, session, body_len, max_tokens })
             }
             Err(message) => Err(refusal(400, "invalid_request", message.into(), Some(model))),
         }
@@ -572,7 +576,7 @@ impl Clients {
     /// begun, the buffered-bytes budget is spent or the model's inbox is full.
     fn queue(&mut self, key: usize, route: Route, upstreams: &mut Upstreams, cx: &mut Cx) {
         let gen = cx.gen;
-        let Route { model, session, body_len } = route;
+        let Route { model, session, body_len, max_tokens } = route;
         let slot = self.conns[key].req.expect("a request");
         let held = self.requests[slot].raw_len as u64 + self.requests[slot].decoded.len() as u64;
         let refused = if cx.shutting_down() {
@@ -590,6 +594,12 @@ impl Clients {
                 upstreams,
                 cx,
             );
+        }
+        let req = &mut self.requests[slot];
+        let reserved =
+            limits::reserve(gen, cx.limiter, cx.metrics, req, (body_len, max_tokens), cx.now());
+        if let Err(refusal) = reserved {
+            return self.limited(key, refusal, model, upstreams, cx);
         }
         self.serial += 1;
         let id = RequestId::new(cx.shard, self.serial << KEY_BITS | key as u64);
@@ -696,6 +706,28 @@ impl Clients {
         let to = self.answer_to(key, cx);
         write_router_error(&mut self.conns[key].wbuf, answer, to);
         self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
+    }
+
+    /// Issue [11]: a request its tenant's limits refused: 429 `rate_limit_exceeded` with the
+    /// bucket's `Retry-After`, or 400 `request_too_large` when it could never fit.
+    fn limited(
+        &mut self,
+        key: usize,
+        refusal: crate::server::rate_limit::Refusal,
+        model: u16,
+        upstreams: &mut Upstreams,
+        cx: &mut Cx,
+    ) {
+        let slot = self.conns[key].req.expect("a request");
+        let name = cx.gen.tenant_name(self.requests[slot].tenant).unwrap_or("");
+        let (status, code, message, retry_after) = limits::answer(refusal, name);
+        let mut digits = [0u8; 20];
+        let retry_after =
+            retry_after.map(|s| ("Retry-After", crate::protocol::decimal(s, &mut digits)));
+        let to = self.answer_to(key, cx);
+        let answer = (status, code, &*message);
+        write_router_error_with(&mut self.conns[key].wbuf, answer, to, retry_after);
+        self.finish_response(key, status, to.keep_alive, Some(model), upstreams, cx);
     }
 
     /// A 401 `invalid_api_key` with `WWW-Authenticate: Bearer` (issue [11]), from the head
@@ -831,6 +863,7 @@ impl Clients {
             // the client may still be sending.
             return self.linger(key, cx);
         };
+        limits::settle(cx.gen, cx.limiter, cx.metrics, &mut self.requests[slot]);
         let req = &self.requests[slot];
         if let (Some(_), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
@@ -895,6 +928,7 @@ impl Clients {
         c.gone = true;
         let phase = c.phase;
         if let Some(slot) = c.req.take() {
+            limits::settle(cx.gen, cx.limiter, cx.metrics, &mut self.requests[slot]);
             self.log_request(key, slot, Outcome::ClientGone, cx.now(), cx);
             let req = &mut self.requests[slot];
             self.buffered -= std::mem::take(&mut req.buffered);
@@ -964,6 +998,7 @@ impl Clients {
             discard_unread(&mut c.stream, &mut self.scratch);
         }
         if let Some(slot) = c.req.take() {
+            limits::settle(cx.gen, cx.limiter, cx.metrics, &mut self.requests[slot]);
             self.buffered -= std::mem::take(&mut self.requests[slot].buffered);
             ShardMetrics::set(&cx.metrics.buffered, self.buffered);
             self.requests.release(slot);
@@ -1011,6 +1046,9 @@ impl Clients {
             bytes_in: (req.raw_len.min(c.rlen)) as u64,
             bytes_out: req.bytes_out,
             outcome,
+            rate_limited: req.limited.map(crate::server::rate_limit::Limit::name),
+            tokens_reserved: req.tokens_reserved,
+            tokens_used: req.tokens_used,
         };
         self.log_line.clear();
         access_log::format_line(&record, &mut self.log_line);

@@ -62,6 +62,7 @@ mod answer;
 mod auth;
 mod client;
 mod connection;
+mod limits;
 mod request;
 mod schedulers;
 mod upstream;
@@ -195,6 +196,8 @@ struct Cx<'a> {
     shutting_down: &'a AtomicBool,
     /// This shard's index, the high bits of its request ids.
     shard: u16,
+    /// Issue [11]: every tenant's rate-limit cells.
+    limiter: &'a super::rate_limit::Limiter,
 }
 
 impl Cx<'_> {
@@ -338,6 +341,7 @@ impl Shard {
             inputs: &mut self.inputs,
             shutting_down: &self.shared.shutting_down,
             shard: self.index,
+            limiter: &self.shared.limiter,
         };
         (&mut self.clients, &mut self.upstreams, cx)
     }

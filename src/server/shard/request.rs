@@ -21,6 +21,7 @@ use crate::protocol::SESSION_ID_BYTES_MAX;
 use crate::protocol::{ChunkedDecoder, ErrorKind, ProtocolError, RequestHead, Span};
 use crate::scheduler::{Lane, RequestId};
 use crate::server::metrics::UpstreamError;
+use crate::server::rate_limit::{Limit, Reservation};
 
 /// A free slot keeps a decoded body's buffer up to this capacity (a larger one is freed).
 const DECODED_KEEP_MAX: usize = 64 << 10;
@@ -109,6 +110,15 @@ pub(super) struct Request {
     pub(super) failure: Option<UpstreamError>,
     /// Reads the `usage` of a 2xx response as it is relayed (what the scheduler learns from).
     pub(super) usage: UsageScanner,
+    /// Issue [11]: what it reserved of its tenant's limits, until it settles (`limits.rs`).
+    pub(super) reservation: Option<Reservation>,
+    /// The prompt's estimated tokens, as reserved.
+    pub(super) prompt_estimate: u64,
+    /// The limit that refused it.
+    pub(super) limited: Option<Limit>,
+    /// The tokens it reserved (with a token limit) and settled to, for the access log.
+    pub(super) tokens_reserved: Option<u64>,
+    pub(super) tokens_used: Option<u64>,
 }
 
 impl Request {
@@ -144,6 +154,11 @@ impl Request {
             ttfb: None,
             failure: None,
             usage: UsageScanner::new(),
+            reservation: None,
+            prompt_estimate: 0,
+            limited: None,
+            tokens_reserved: None,
+            tokens_used: None,
         }
     }
 

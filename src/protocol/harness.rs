@@ -292,7 +292,8 @@ pub fn check_chunked(mut data: &[u8]) {
         max_line_bytes: [2, 8, 64, 4096][usize::from(p >> 2 & 3)],
         max_trailer_bytes: [0, 4, 64, 4096][usize::from(p >> 4 & 3)],
     };
-    let mut next = pieces(take(&mut data));
+    let seed = take(&mut data);
+    let mut next = pieces(seed);
     let expected = reference_chunked(data, &limits);
     let mut decoder = ChunkedDecoder::new(limits, Side::Downstream);
     let mut out = Vec::new();
@@ -314,6 +315,87 @@ pub fn check_chunked(mut data: &[u8]) {
         }
     };
     assert_eq!(ours, expected);
+    check_pass(data, limits, pieces(seed), &expected);
+}
+
+/// [`ChunkedDecoder::pass`] fed `data` in the same pieces as the decoder: it stops or fails
+/// where the decoder does, counts the data the decoder decoded, and sends on what
+/// [`reference_pass`] keeps of the bytes consumed (of the pieces before a failing one).
+fn check_pass(
+    data: &[u8],
+    limits: ChunkedLimits,
+    mut next: impl FnMut() -> usize,
+    expected: &ChunkedOutcome,
+) {
+    let mut tracker = ChunkedDecoder::new(limits, Side::Downstream);
+    let (mut out, mut fed, mut counted) = (Vec::new(), 0, 0);
+    let ours: ChunkedOutcome = loop {
+        let n = next().min(data.len() - fed);
+        let before = out.len();
+        match tracker.pass(&data[fed..fed + n], &mut out) {
+            Err(e) => {
+                assert_eq!(out.len(), before, "a failing piece appends nothing");
+                assert_eq!(out, reference_pass(&data[..fed]), "sent on before the failure");
+                break Err(e.kind());
+            }
+            Ok(passed) => {
+                counted += passed.data;
+                fed += passed.consumed;
+                if passed.done || fed == data.len() {
+                    break Ok((Vec::new(), fed, passed.done));
+                }
+            }
+        }
+    };
+    match (ours, expected) {
+        (Err(kind), Err(want)) => assert_eq!(kind, *want, "pass fails as the decoder does"),
+        (Ok((_, used, done)), Ok((decoded, want_used, want_done))) => {
+            assert_eq!((used, done), (*want_used, *want_done), "pass stops where decoding does");
+            assert_eq!(counted, decoded.len(), "the data counted is the data decoded");
+            assert_eq!(out, reference_pass(&data[..used]), "what is sent on");
+        }
+        (ours, expected) => panic!("pass: {ours:?}, decoder: {expected:?}"),
+    }
+}
+
+/// What [`ChunkedDecoder::pass`] sends on of `input`, a valid start of a chunked body (what the
+/// decoder consumed before it stopped or failed): every size line's digits and CRLF, every
+/// chunk's data and CRLF, the final CRLF; not the extensions nor the trailer fields. A
+/// whole-buffer restatement, line by line.
+pub fn reference_pass(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    loop {
+        let rest = &input[pos..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        out.extend_from_slice(&rest[..digits]);
+        let Some(cr) = rest.iter().position(|&b| b == b'\r') else { return out };
+        out.extend_from_slice(&rest[cr..(cr + 2).min(rest.len())]);
+        pos += cr + 2;
+        let size =
+            rest[..digits].iter().fold(0u64, |n, &d| n << 4 | u64::from(hex_digit(d)));
+        if pos >= input.len() {
+            return out;
+        }
+        if size == 0 {
+            // Trailer lines up to the empty one; only the final CRLF is sent on.
+            while pos < input.len() && input[pos] != b'\r' {
+                match input[pos..].windows(2).position(|w| w == b"\r\n") {
+                    Some(end) => pos += end + 2,
+                    None => return out,
+                }
+            }
+            out.extend_from_slice(&input[pos..]);
+            return out;
+        }
+        let take = usize::try_from(size).map_or(input.len(), |s| (pos + s + 2).min(input.len()));
+        out.extend_from_slice(&input[pos..take]);
+        pos = take;
+    }
+}
+
+fn hex_digit(d: u8) -> u8 {
+    char::from(d).to_digit(16).map_or(0, |v| v as u8)
 }
 
 /// One thing the connection driver saw.
@@ -588,6 +670,12 @@ struct Relayed {
     /// The final status and the client framing chosen.
     status: u16,
     plan_framing: ResponseFraming,
+    /// Where the final head ends in the response: its body's first byte.
+    body_start: usize,
+    /// The body was passed through in its chunks.
+    passed: bool,
+    /// Body content bytes, as the relay counted them.
+    data: usize,
 }
 
 /// Runs the shard's relay over `response` arriving in reads of `next()` bytes, then EOF.
@@ -603,6 +691,9 @@ fn drive_relay(
         head_len: 0,
         status: 0,
         plan_framing: ResponseFraming::None,
+        body_start: 0,
+        passed: false,
+        data: 0,
     };
     let (mut buf, mut scratch) = (Vec::new(), Vec::new());
     let mut body: Option<BodyRelay> = None;
@@ -629,7 +720,10 @@ fn drive_relay(
                     relayed.head_len = relayed.out.len();
                     relayed.status = head.status;
                     relayed.plan_framing = plan.framing;
-                    body = Some(BodyRelay::new(head.framing, plan.framing));
+                    let relay = BodyRelay::new(head.framing, plan.framing);
+                    relayed.passed = relay.passes_chunks();
+                    relayed.body_start = fed - buf.len() + head.head_len;
+                    body = Some(relay);
                     buf.drain(..head.head_len);
                 }
             }
@@ -642,11 +736,13 @@ fn drive_relay(
                     return Relayed { end: RelayEnd::BadBody, ..relayed };
                 }
                 Ok(p) if p.done => {
+                    relayed.data += p.data;
                     relay.finish(&mut relayed.out);
                     let leftover = buf.len() - p.consumed + response.len() - fed;
                     return Relayed { end: RelayEnd::Done { leftover }, ..relayed };
                 }
                 Ok(p) => {
+                    relayed.data += p.data;
                     assert_eq!(p.consumed, buf.len(), "an unfinished body consumes its input");
                     buf.clear();
                 }
@@ -746,7 +842,7 @@ fn client_reads(
 /// Backend responses for the relay's unit test and the fuzz target's seeds.
 pub const RELAY_SEEDS: [&[u8]; 8] = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
-      e\r\ndata: {\"a\":1}\n\n\r\ne;x=y\r\ndata: [DONE]\n\n\r\n0\r\nT: v\r\n\r\n",
+      f\r\ndata: {\"a\":1}\n\n\r\ne;x=y\r\ndata: [DONE]\n\n\r\n0\r\nT: v\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: keep-alive, x-a\r\nx-a: 1\r\n\r\nhelloHTTP",
     b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"until\":\"close\"}",
     b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
@@ -772,6 +868,7 @@ pub fn check_relay(mut data: &[u8]) {
     assert_eq!(whole.end, split.end, "splitting the response changed how it ended");
     assert_eq!(whole.out[..whole.head_len], split.out[..split.head_len], "the relayed head");
     let reference = reference_relay(data, was_head);
+    let data_in = data;
     for relayed in [&whole, &split] {
         match (&relayed.end, &reference) {
             (RelayEnd::NoHead | RelayEnd::BadHead, None) => {
@@ -801,6 +898,12 @@ pub fn check_relay(mut data: &[u8]) {
             }
             (RelayEnd::Done { leftover }, Ok((data, after, true))) => {
                 assert_eq!(&body, data, "the client reads the backend's body");
+                assert_eq!(relayed.data, data.len(), "the relay counts the body's data");
+                if relayed.passed {
+                    let raw = &data_in[relayed.body_start..data_in.len() - leftover];
+                    let sent = &relayed.out[relayed.head_len..];
+                    assert_eq!(sent, reference_pass(raw), "the chunks are passed through");
+                }
                 assert!(complete, "a finished relay looks complete to the client");
                 assert_eq!(leftover, after, "the bytes after the body are left alone");
             }

@@ -57,7 +57,7 @@ struct Upstream {
     /// Response head parsed: its framing upstream, and the relay plan to the client.
     framing: Option<ResponseFraming>,
     plan: RelayPlan,
-    /// The body being relayed (framing, bytes left, chunked decoder).
+    /// The body being relayed (framing, bytes left, chunked pass-through or decoder).
     body: BodyRelay,
     keep_alive: bool,
     /// Any response byte received (then nothing is retryable).
@@ -568,19 +568,19 @@ impl Upstreams {
         }
         let before = c.wbuf.len();
         let fed = u.body.feed(&u.rbuf[consumed..u.rlen], u.eof, &mut self.scratch, &mut c.wbuf);
-        let done = match fed {
+        let (done, body_bytes) = match fed {
             Ok(progress) => {
                 consumed += progress.consumed;
-                progress.done
+                (progress.done, progress.data > 0)
             }
             Err(_) => {
                 return self.failed(up, Failure::Fatal(UpstreamError::Malformed), clients, cx)
             }
         };
-        let body_bytes = c.wbuf.len() > before;
         if (200..300).contains(&req.status) {
-            // The client-framed bytes: a chunk-size line between pieces can only hide a value
-            // (protocol::usage), so no decoded copy is kept for this.
+            // The client's bytes, as relayed: a chunked body passed through still carries its
+            // size lines, which can only hide a value (protocol::usage), so no decoded copy is
+            // made for this.
             req.usage.feed(&c.wbuf[before..]);
         }
         u.rbuf.copy_within(consumed..u.rlen, 0);

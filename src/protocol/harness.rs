@@ -372,8 +372,7 @@ pub fn reference_pass(input: &[u8]) -> Vec<u8> {
         let Some(cr) = rest.iter().position(|&b| b == b'\r') else { return out };
         out.extend_from_slice(&rest[cr..(cr + 2).min(rest.len())]);
         pos += cr + 2;
-        let size =
-            rest[..digits].iter().fold(0u64, |n, &d| n << 4 | u64::from(hex_digit(d)));
+        let size = rest[..digits].iter().fold(0u64, |n, &d| n << 4 | u64::from(hex_digit(d)));
         if pos >= input.len() {
             return out;
         }

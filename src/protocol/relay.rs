@@ -270,7 +270,8 @@ mod tests {
 
     #[test]
     fn extensions_and_trailers_are_left_out_of_a_body_passed_through() {
-        let body: &[u8] = b"4 ;a=b\r\nWiki\r\n5;name=\"v\";x\r\npedia\r\n0;last\r\nExpires: x\r\nT: y\r\n\r\n";
+        let body: &[u8] =
+            b"4 ;a=b\r\nWiki\r\n5;name=\"v\";x\r\npedia\r\n0;last\r\nExpires: x\r\nT: y\r\n\r\n";
         let want: &[u8] = b"4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n";
         let whole = BodyProgress { consumed: body.len(), done: true, data: 9 };
         for cut in 0..=body.len() {

@@ -555,7 +555,8 @@ impl Upstreams {
             u.got_bytes = true;
         }
         let mut consumed = 0;
-        if u.framing.is_none() {
+        let head_now = u.framing.is_none();
+        if head_now {
             match u.relay_head(c, req, cx) {
                 HeadRelay::Incomplete => return,
                 HeadRelay::Interim => return self.relay(up, clients, cx),
@@ -588,6 +589,12 @@ impl Upstreams {
         let first_byte = body_bytes && req.streaming && !req.first_byte_sent;
         req.first_byte_sent |= first_byte;
         let (id, model) = (req.id, u.model);
+        // The head of a fixed-length body that has not begun waits for it, so that head and
+        // body go out in one write: an engine that writes them apart (uvicorn sends the head
+        // first) has the whole body already. A streamed head goes out at once: its first
+        // event may be a long prefill away, and the client sees the status meanwhile.
+        let fixed = matches!(u.framing, Some(ResponseFraming::ContentLength(_)));
+        let hold_head = head_now && fixed && !body_bytes && !done;
         if done {
             u.body.finish(&mut c.wbuf);
             req.complete = Some((200..300).contains(&req.status));
@@ -608,7 +615,9 @@ impl Upstreams {
             }
             cx.send(model, Input::FirstByte(id));
         }
-        clients.flush(client, self, cx);
+        if !hold_head {
+            clients.flush(client, self, cx);
+        }
     }
 
     /// An upstream exchange failed. Retryable failures go back to the scheduler (after one

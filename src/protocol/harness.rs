@@ -407,6 +407,7 @@ enum Event {
         expect: bool,
         session: Option<Vec<u8>>,
         len: usize,
+        http11: bool,
     },
     Body(Vec<u8>),
     Error(ErrorKind),
@@ -460,6 +461,8 @@ pub struct ModelRequest {
     pub body: Vec<u8>,
     /// A `100 Continue` is due (`Expect: 100-continue` with a body).
     pub expect_continue: bool,
+    /// The request line says HTTP/1.1 (else HTTP/1.0): the client takes chunked bodies.
+    pub http11: bool,
 }
 
 /// How the connection model says a client byte stream ends.
@@ -491,13 +494,14 @@ pub fn connection_model(stream: &[u8], limits: &Limits) -> (Vec<ModelRequest>, M
     let mut pending: Option<ModelRequest> = None;
     for event in events {
         match event {
-            Event::Head { line, framing, expect, .. } => {
+            Event::Head { line, framing, expect, http11, .. } => {
                 let space = line.iter().position(|&b| b == b' ').expect("method and target");
                 pending = Some(ModelRequest {
                     method: line[..space].to_vec(),
                     target: line[space + 1..].to_vec(),
                     body: Vec::new(),
                     expect_continue: expect && framing != Framing::None,
+                    http11,
                 });
             }
             Event::Body(body) => {
@@ -605,6 +609,7 @@ fn start_body(
         expect: head.expect_continue,
         session: head.session_id(buf).map(<[u8]>::to_vec),
         len: head.head_len,
+        http11: head.version == Version::Http11,
     });
     let keep_alive = head.keep_alive;
     match head.framing {

@@ -12,10 +12,14 @@
 # (warmpath_requests_total on its admin listener). Every thread is counted (the control
 # thread's health and metrics probes included: a few calls a second).
 #
+# BACKEND=split puts perf/proxy/split_backend.py behind the router instead (small scenario
+# only): it writes each response's head and body in two sends 1 ms apart, as uvicorn (vLLM's
+# server) does, so the router reads them apart and shows whether it writes them apart.
+#
 # Usage: perf/proxy_syscalls.sh BINARY...
 # Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=5
-#   WARMUP=200 BASE_PORT=18400. Needs strace, wrk and nginx with the echo module (as
-#   proxy_compare.sh).
+#   WARMUP=200 BASE_PORT=18400 BACKEND=nginx (or split). Needs strace, wrk and nginx with the
+#   echo module (as proxy_compare.sh); python3 for BACKEND=split.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -26,8 +30,9 @@ CONNS=${CONNS:-4}
 DURATION=${DURATION:-5}
 WARMUP=${WARMUP:-200}
 BASE_PORT=${BASE_PORT:-18400}
+BACKEND=${BACKEND:-nginx}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
-(($# > 0)) || { sed -n '2,18p' "$0" >&2; exit 2; }
+(($# > 0)) || { sed -n '2,22p' "$0" >&2; exit 2; }
 for tool in strace wrk nginx curl; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
@@ -62,7 +67,11 @@ case $SCENARIO in
 esac
 printf '%s' "$body" >"$TMP/body.json"
 
-nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" &
+case $BACKEND in
+  nginx) nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" & ;;
+  split) python3 "$HERE/split_backend.py" "$BACKEND_PORT" & ;;
+  *) echo "BACKEND is nginx or split" >&2; exit 2 ;;
+esac
 PIDS+=($!)
 ready() { for _ in {1..300}; do curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 ready "http://127.0.0.1:$BACKEND_PORT/health" || { echo "backend did not start" >&2; exit 1; }
@@ -82,8 +91,8 @@ per_request() { # STRACE_OUT REQUESTS -> "name=calls/request ..." (0.01 and abov
     END { sub(/, $/, "", line); printf "%.2f | %s\n", total, line }' "$1"
 }
 
-echo "| binary | sha256 | scenario | shards | conns | requests measured | syscalls per request | of which (per request) |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| binary | sha256 | scenario | backend | shards | conns | requests measured | syscalls per request | of which (per request) |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for bin in "$@"; do
   "$bin" serve --config "$TMP/warmpath/warmpath.toml" >"$TMP/router.log" 2>&1 &
   pid=$!
@@ -106,6 +115,6 @@ for bin in "$@"; do
   wait "$pid" 2>/dev/null || true
   n=$((n1 - n0))
   ((n > 0)) || { echo "$bin answered nothing during the wrk run" >&2; exit 1; }
-  printf '| %s | %s | %s | %s | %s | %d | %s |\n' "$bin" "$(sha256sum "$bin" | cut -c1-12)" \
-    "$SCENARIO" "$SHARDS" "$CONNS" "$n" "$(per_request "$TMP/strace.out" "$n")"
+  printf '| %s | %s | %s | %s | %s | %s | %d | %s |\n' "$bin" "$(sha256sum "$bin" | cut -c1-12)" \
+    "$SCENARIO" "$BACKEND" "$SHARDS" "$CONNS" "$n" "$(per_request "$TMP/strace.out" "$n")"
 done

@@ -173,6 +173,10 @@ impl ChunkedDecoder {
                 }
                 continue;
             }
+            if let Some(n) = self.whole_line(&input[pos..]) {
+                pos += n;
+                continue;
+            }
             let b = input[pos];
             let dropped = self.drops(b);
             if let Err(e) = self.step(b) {
@@ -187,6 +191,39 @@ impl ChunkedDecoder {
         }
         out.extend_from_slice(&input[kept_from..pos]);
         Ok(Passed { consumed: pos, done: self.state == State::Done, data })
+    }
+
+    /// The common framing taken whole rather than a byte at a time: the CRLF after a chunk's
+    /// data, or a complete size line of digits alone (`1a2\r\n`) for a chunk the limits allow.
+    /// Returns the bytes taken, `None` to leave the input to [`ChunkedDecoder::step`] (anything
+    /// else, cut or wrong, is judged there, byte by byte, as before).
+    fn whole_line(&mut self, rest: &[u8]) -> Option<usize> {
+        match self.state {
+            State::DataCr if rest.starts_with(b"\r\n") => {
+                self.state = State::Size;
+                self.digits = 0;
+                self.line_bytes = 0;
+                Some(2)
+            }
+            State::Size if self.digits == 0 => {
+                let n = rest.iter().take(17).take_while(|b| b.is_ascii_hexdigit()).count();
+                if n == 0 || n > 16 || n > self.limits.max_line_bytes {
+                    return None;
+                }
+                if rest.get(n..n + 2) != Some(b"\r\n".as_slice()) {
+                    return None;
+                }
+                let size = rest[..n].iter().fold(0u64, |v, &d| v << 4 | u64::from(hex_value(d)));
+                let total =
+                    self.total.checked_add(size).filter(|t| *t <= self.limits.max_body_bytes);
+                let (Some(total), true) = (total, size > 0) else { return None };
+                self.total = total;
+                self.size = size;
+                self.state = State::Data;
+                Some(n + 2)
+            }
+            _ => None,
+        }
     }
 
     /// Whether byte `b`, read in the current state, is left out when passing the body through:

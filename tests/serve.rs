@@ -173,7 +173,7 @@ fn chunked_bodies_pass_through_and_their_backend_connection_is_reused() {
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
     while !raw.ends_with(b"0\r\n\r\n") {
-        let n = std::io::Read::read(&mut &*conn.stream(), &mut buf).expect("the relayed stream");
+        let n = std::io::Read::read(&mut conn.stream(), &mut buf).expect("the relayed stream");
         assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&raw));
         raw.extend_from_slice(&buf[..n]);
     }

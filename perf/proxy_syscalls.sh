@@ -16,9 +16,12 @@
 # only): it writes each response's head and body in two sends 1 ms apart, as uvicorn (vLLM's
 # server) does, so the router reads them apart and shows whether it writes them apart.
 #
+# EVENT_GAP_MS > 0 has the stream's backend pause that long after each event (echo_sleep), so
+# that each event is its own read (see perf/proxy_instructions.sh).
+#
 # Usage: perf/proxy_syscalls.sh BINARY...
 # Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=5
-#   WARMUP=200 BASE_PORT=18400 BACKEND=nginx (or split). Needs strace, wrk and nginx with the
+#   WARMUP=200 BASE_PORT=18400 BACKEND=nginx (or split) EVENT_GAP_MS=0. Needs strace, wrk and nginx with the
 #   echo module (as proxy_compare.sh); python3 for BACKEND=split.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +34,9 @@ DURATION=${DURATION:-5}
 WARMUP=${WARMUP:-200}
 BASE_PORT=${BASE_PORT:-18400}
 BACKEND=${BACKEND:-nginx}
+EVENT_GAP_MS=${EVENT_GAP_MS:-0}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
-(($# > 0)) || { sed -n '2,22p' "$0" >&2; exit 2; }
+(($# > 0)) || { sed -n '2,25p' "$0" >&2; exit 2; }
 for tool in strace wrk nginx curl; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
@@ -53,6 +57,7 @@ render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_POR
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$PORT"
 for i in $(seq 1 50); do
   printf "echo -n 'data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token%02d \"}}]}\\\\n\\\\n';\necho_flush;\n" "$i"
+  if ((EVENT_GAP_MS > 0)); then printf "echo_sleep %.3f;\n" "$(echo "$EVENT_GAP_MS / 1000" | bc -l)"; fi
 done >"$TMP/backend/sse.conf"
 printf "echo -n 'data: [DONE]\\\\n\\\\n';\n" >>"$TMP/backend/sse.conf"
 body='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'

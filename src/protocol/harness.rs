@@ -11,14 +11,17 @@
 //! - [`check_usage`] (`harness_usage.rs`): the response `usage` scanner fed whole, in pieces and
 //!   byte by byte, against [`reference_usage`] (serde_json), and with chunk framing inserted.
 //! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
-//!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits.
+//!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits; and its
+//!   pass-through, [`ChunkedDecoder::pass`], in the same pieces against the decoder (where it
+//!   stops or fails, the data it counts) and against [`reference_pass`] (the bytes it sends on).
 //! - [`check_http_request`]: a connection driver (heads, fixed and chunked bodies, pipelining,
 //!   keep-alive) run on the whole input and on the same bytes split into pieces must produce the
 //!   same events; every head is also forwarded and every body scanned for its model.
 //! - [`check_relay`]: a backend response, split into reads, through the relay the shard runs
 //!   ([`parse_response_head`], [`write_client_response_head`], [`BodyRelay`]); the client's
 //!   bytes, parsed back as a client would, must carry the body a whole-buffer reference decode
-//!   finds, however the response was split.
+//!   finds, however the response was split; a chunked body passed through must be the
+//!   backend's bytes as [`reference_pass`] keeps them, and the relay must count its data.
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 

@@ -4,9 +4,11 @@
 //!
 //! One router runs for the life of the process (one shard, limits small enough for a fuzzer
 //! to reach: 1 KiB heads, 2 KiB bodies) in front of a minimal backend that answers every
-//! request `200 {}`: with a `Content-Length` when the request body's length is even, chunked
-//! (an extension, a trailer, two writes) when it is odd, so the shard's pass-through of chunked
-//! bodies and its reuse of the backend connection after one are driven too. For each input, [`check_connection`] opens a connection, writes the bytes
+//! request `200 {}` in two writes: with a `Content-Length` when the request body's length is
+//! even (the head, then the body), chunked (an extension, a trailer) when it is odd, so the
+//! shard's hold of a fixed-length head for its body, its pass-through of chunked bodies and its
+//! reuse of the backend connection after one are driven too. For each input,
+//! [`check_connection`] opens a connection, writes the bytes
 //! in pieces (each piece its own `write`, `TCP_NODELAY`, so the shard sees many splits), reads
 //! what comes back as a client would, and checks:
 //! - one final response per request the model completes, in order, each with the status its
@@ -109,13 +111,14 @@ fn serve_backend(mut stream: TcpStream) {
             }
         }
         buf.drain(..end + 4 + length);
-        // A body of odd length is answered chunked, in two writes, with an extension and a
-        // trailer: the router passes it through to an HTTP/1.1 client, and must find its end
+        // Head and body in two writes, as uvicorn sends them (the router holds a fixed-length
+        // head for its body). A body of odd length is answered chunked, with an extension and
+        // a trailer: the router passes it through to an HTTP/1.1 client, and must find its end
         // to reuse the connection.
         let replies: [&[u8]; 2] = match length % 2 {
             0 => [
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
-                b"",
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+                b"{}",
             ],
             _ => [
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\

@@ -14,14 +14,18 @@
 //!   non-streaming chat completion fed in one read, against the baseline
 //!   `serde_json::from_slice::<serde_json::Value>` of that body (what reading `usage` by parsing
 //!   costs).
+//! - `relay`: the body of that stream as a backend chunks it (one chunk per event, one read
+//!   per chunk) relayed to an HTTP/1.1 client by `BodyRelay`, which passes the chunks through
+//!   (issue [12]), against the baseline of the relay before it: each read decoded
+//!   (`ChunkedDecoder::feed`) and its data re-sent as one chunk (`ChunkedEncoder::chunk`).
 //!
 //! Throughput is reported in bytes, so the figures compare to memory bandwidth.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use warmpath::protocol::{
-    find_model, parse_request_head, rewrite_model, ChunkedDecoder, ChunkedEncoder, Limits, Side,
-    UsageScanner,
+    find_model, parse_request_head, rewrite_model, BodyRelay, ChunkedDecoder, ChunkedEncoder,
+    Limits, ResponseFraming, Side, UsageScanner,
 };
 
 #[path = "common/bodies.rs"]
@@ -169,5 +173,47 @@ fn usage(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, model, head, chunked, usage);
+fn relay(c: &mut Criterion) {
+    let mut reads: Vec<Vec<u8>> = sse_events(50)
+        .iter()
+        .map(|event| {
+            let mut read = Vec::new();
+            ChunkedEncoder::chunk(event, &mut read);
+            read
+        })
+        .collect();
+    reads.push(ChunkedEncoder::LAST_CHUNK.to_vec());
+    let total: usize = reads.iter().map(Vec::len).sum();
+    let (mut out, mut scratch) = (Vec::with_capacity(16 << 10), Vec::with_capacity(4096));
+    let mut group = c.benchmark_group("protocol/relay");
+    group.throughput(Throughput::Bytes(total as u64));
+    group.bench_function("sse_50_events pass-through", |b| {
+        b.iter(|| {
+            out.clear();
+            let mut relay = BodyRelay::new(ResponseFraming::Chunked, ResponseFraming::Chunked);
+            for read in &reads {
+                relay.feed(black_box(read), false, &mut scratch, &mut out).unwrap();
+            }
+            out.len()
+        });
+    });
+    assert_eq!(out.len(), total, "passed through unchanged");
+    let limits = warmpath::protocol::relay::UPSTREAM_CHUNK_LIMITS;
+    group.bench_function("sse_50_events decode and re-chunk (baseline)", |b| {
+        b.iter(|| {
+            out.clear();
+            let mut decoder = ChunkedDecoder::new(limits, Side::Upstream);
+            for read in &reads {
+                scratch.clear();
+                decoder.feed(black_box(read), &mut scratch).unwrap();
+                ChunkedEncoder::chunk(&scratch, &mut out);
+            }
+            ChunkedEncoder::finish(&mut out);
+            out.len()
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, model, head, chunked, usage, relay);
 criterion_main!(benches);

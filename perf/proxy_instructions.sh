@@ -10,9 +10,15 @@
 # instruction totals divided by the difference of the 200 answers the router counted
 # (warmpath_requests_total on its admin listener, read before shutdown).
 #
+# In the stream scenario the backend flushes each event as it is generated; a router slowed by
+# valgrind reads several per read, as many as it lags, so a stream's count depends on the
+# router's speed. EVENT_GAP_MS > 0 has the backend pause that long after each event
+# (echo_sleep), so that every event is its own read whatever the router's speed and the counts
+# of two builds compare.
+#
 # Usage: perf/proxy_instructions.sh BINARY...
 # Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=10 WARMUP=200
-#   BASE_PORT=18300. Needs valgrind, wrk and nginx with the echo module (as proxy_compare.sh).
+#   BASE_PORT=18300 EVENT_GAP_MS=0. Needs valgrind, wrk and nginx with the echo module (as proxy_compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -23,8 +29,9 @@ CONNS=${CONNS:-4}
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-200}
 BASE_PORT=${BASE_PORT:-18300}
+EVENT_GAP_MS=${EVENT_GAP_MS:-0}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
-(($# > 0)) || { sed -n '2,16p' "$0" >&2; exit 2; }
+(($# > 0)) || { sed -n '2,22p' "$0" >&2; exit 2; }
 for tool in valgrind wrk nginx curl; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
@@ -45,6 +52,7 @@ render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_POR
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$PORT"
 for i in $(seq 1 50); do
   printf "echo -n 'data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token%02d \"}}]}\\\\n\\\\n';\necho_flush;\n" "$i"
+  if ((EVENT_GAP_MS > 0)); then printf "echo_sleep %.3f;\n" "$(echo "$EVENT_GAP_MS / 1000" | bc -l)"; fi
 done >"$TMP/backend/sse.conf"
 printf "echo -n 'data: [DONE]\\\\n\\\\n';\n" >>"$TMP/backend/sse.conf"
 body='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'

@@ -142,6 +142,47 @@ fn sse_events_reach_the_client_before_the_backend_sends_the_next() {
     client::wait_idle(router.admin, M);
 }
 
+/// A chunked stream is passed through in the backend's own chunks, and its end is found
+/// exactly: the backend connection goes back to the pool and carries the next stream. A
+/// backend's chunk extensions and trailer fields do not reach the client.
+#[test]
+fn chunked_bodies_pass_through_and_their_backend_connection_is_reused() {
+    let backend = Backend::start();
+    let router = setup(&[&backend]).start();
+    let mut conn = Conn::open(router.addr);
+    for session in ["a", "b", "c"] {
+        let response = conn.exchange(&chat_request(M, Some(session), true));
+        assert_eq!((response.status, response.header("transfer-encoding")), (200, Some("chunked")));
+        assert!(response.text().ends_with("data: [DONE]\n\n"), "{}", response.text());
+    }
+    let chats: Vec<u64> = backend
+        .requests()
+        .iter()
+        .filter(|r| r.target == "/v1/chat/completions")
+        .map(|r| r.conn)
+        .collect();
+    assert_eq!(chats.len(), 3);
+    assert!(chats.iter().all(|&c| c == chats[0]), "one backend connection: {chats:?}");
+
+    backend.script(Reply::Raw(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+          9;ext=\"v\"\r\ndata: a\n\n\r\n009\r\ndata: b\n\n\r\n0;last\r\nX-Trailer: t\r\n\r\n"
+            .to_vec(),
+    ));
+    conn.send(&chat_request(M, Some("d"), true));
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.ends_with(b"0\r\n\r\n") {
+        let n = std::io::Read::read(&mut conn.stream(), &mut buf).expect("the relayed stream");
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let start = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    let want = b"9\r\ndata: a\n\n\r\n009\r\ndata: b\n\n\r\n0\r\n\r\n";
+    assert_eq!(&raw[start..], want, "{:?}", String::from_utf8_lossy(&raw));
+    client::wait_idle(router.admin, M);
+}
+
 /// SPEC S3's example through HTTP, on two shards: completions A, B, C; then B, C, A and a
 /// sessionless request queue behind an occupied slot and are admitted C, B, A, sessionless.
 #[test]

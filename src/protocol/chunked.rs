@@ -17,11 +17,13 @@
 //! `max_body_bytes` as soon as each chunk's size is known. It stops at the end of the body, so
 //! pipelined bytes after it stay with the caller.
 //!
-//! Upstream chunked responses go through the same decoder and are re-framed for the client with
-//! [`ChunkedEncoder`]: each decoded piece becomes one chunk, flushed as it arrives (SPEC 2.7).
-//! Re-framing rather than passing chunks through means the router never forwards a backend's
-//! chunk extensions or trailers, and a malformed upstream body is caught before it reaches the
-//! client.
+//! Upstream chunked responses go through the same state machine in its pass-through form,
+//! [`ChunkedDecoder::pass`], when the client takes chunked too (SPEC 2.7): the body is copied
+//! as the backend framed it, read by read, while the machine steps over each size line and skips
+//! each chunk's data by its size. It checks the same grammar and limits, so a malformed upstream
+//! body is refused before its bad piece reaches the client, and it leaves out chunk extensions
+//! and trailer fields, so the router never forwards those. [`ChunkedEncoder`] frames bodies
+//! that arrive unchunked (close-delimited) for an HTTP/1.1 client.
 
 use super::error::{ErrorKind, ProtocolError};
 use super::Side;
@@ -44,6 +46,17 @@ pub struct Progress {
     pub consumed: usize,
     /// The final CRLF has been read: the body is complete.
     pub done: bool,
+}
+
+/// What one [`ChunkedDecoder::pass`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passed {
+    /// Input bytes consumed. Less than the input only when `done`: the rest is not this body's.
+    pub consumed: usize,
+    /// The final CRLF has been read: the body is complete.
+    pub done: bool,
+    /// Chunk data bytes among the consumed ones.
+    pub data: usize,
 }
 
 /// Where the decoder is in the grammar.
@@ -138,6 +151,91 @@ impl ChunkedDecoder {
             }
         }
         Ok(Progress { consumed: pos, done: self.state == State::Done })
+    }
+
+    /// Passes a chunked body through: appends `input`'s chunk-size lines, chunk data and CRLFs
+    /// to `out` as they are, without their extensions, and the last chunk without its trailer
+    /// fields, while checking the same grammar and limits as [`ChunkedDecoder::feed`]. Chunk
+    /// data is skipped over (its size is known), not copied twice: `out` gets each run of kept
+    /// bytes in one copy, the whole input when it holds no extension or trailer. `data` counts
+    /// the chunk data bytes in the input. On an error nothing of this input is appended.
+    pub fn pass(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<Passed, ProtocolError> {
+        let (start, mut pos, mut kept_from, mut data) = (out.len(), 0, 0, 0);
+        while pos < input.len() && self.state != State::Done {
+            if self.state == State::Data {
+                let available = input.len() - pos;
+                let take = usize::try_from(self.size).map_or(available, |s| s.min(available));
+                pos += take;
+                data += take;
+                self.size -= take as u64;
+                if self.size == 0 {
+                    self.state = State::DataCr;
+                }
+                continue;
+            }
+            if let Some(n) = self.whole_line(&input[pos..]) {
+                pos += n;
+                continue;
+            }
+            let b = input[pos];
+            let dropped = self.drops(b);
+            if let Err(e) = self.step(b) {
+                out.truncate(start);
+                return Err(e);
+            }
+            if dropped {
+                out.extend_from_slice(&input[kept_from..pos]);
+                kept_from = pos + 1;
+            }
+            pos += 1;
+        }
+        out.extend_from_slice(&input[kept_from..pos]);
+        Ok(Passed { consumed: pos, done: self.state == State::Done, data })
+    }
+
+    /// The common framing taken whole rather than a byte at a time: the CRLF after a chunk's
+    /// data, or a complete size line of digits alone (`1a2\r\n`) for a chunk the limits allow.
+    /// Returns the bytes taken, `None` to leave the input to [`ChunkedDecoder::step`] (anything
+    /// else, cut or wrong, is judged there, byte by byte, as before).
+    fn whole_line(&mut self, rest: &[u8]) -> Option<usize> {
+        match self.state {
+            State::DataCr if rest.starts_with(b"\r\n") => {
+                self.state = State::Size;
+                self.digits = 0;
+                self.line_bytes = 0;
+                Some(2)
+            }
+            State::Size if self.digits == 0 => {
+                let n = rest.iter().take(17).take_while(|b| b.is_ascii_hexdigit()).count();
+                if n == 0 || n > 16 || n > self.limits.max_line_bytes {
+                    return None;
+                }
+                if rest.get(n..n + 2) != Some(b"\r\n".as_slice()) {
+                    return None;
+                }
+                let size = rest[..n].iter().fold(0u64, |v, &d| v << 4 | u64::from(hex_value(d)));
+                let total =
+                    self.total.checked_add(size).filter(|t| *t <= self.limits.max_body_bytes);
+                let (Some(total), true) = (total, size > 0) else { return None };
+                self.total = total;
+                self.size = size;
+                self.state = State::Data;
+                Some(n + 2)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether byte `b`, read in the current state, is left out when passing the body through:
+    /// a chunk extension (from the whitespace or `;` after the size up to the CR) or a trailer
+    /// field line (with its CRLF).
+    fn drops(&self, b: u8) -> bool {
+        match self.state {
+            State::Size => matches!(b, b' ' | b'\t' | b';'),
+            State::SizeSpace | State::Extension | State::TrailerStart => b != b'\r',
+            State::TrailerLine | State::TrailerLf => true,
+            _ => false,
+        }
     }
 
     fn error(&self, kind: ErrorKind) -> ProtocolError {

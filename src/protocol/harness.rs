@@ -11,14 +11,17 @@
 //! - [`check_usage`] (`harness_usage.rs`): the response `usage` scanner fed whole, in pieces and
 //!   byte by byte, against [`reference_usage`] (serde_json), and with chunk framing inserted.
 //! - [`check_chunked`]: [`ChunkedDecoder`] fed in pieces against [`reference_chunked`], a
-//!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits.
+//!   whole-buffer, line-at-a-time restatement of RFC 9112 7.1 with the same limits; and its
+//!   pass-through, [`ChunkedDecoder::pass`], in the same pieces against the decoder (where it
+//!   stops or fails, the data it counts) and against [`reference_pass`] (the bytes it sends on).
 //! - [`check_http_request`]: a connection driver (heads, fixed and chunked bodies, pipelining,
 //!   keep-alive) run on the whole input and on the same bytes split into pieces must produce the
 //!   same events; every head is also forwarded and every body scanned for its model.
 //! - [`check_relay`]: a backend response, split into reads, through the relay the shard runs
 //!   ([`parse_response_head`], [`write_client_response_head`], [`BodyRelay`]); the client's
 //!   bytes, parsed back as a client would, must carry the body a whole-buffer reference decode
-//!   finds, however the response was split.
+//!   finds, however the response was split; a chunked body passed through must be the
+//!   backend's bytes as [`reference_pass`] keeps them, and the relay must count its data.
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
@@ -300,7 +303,8 @@ pub fn check_chunked(mut data: &[u8]) {
         max_line_bytes: [2, 8, 64, 4096][usize::from(p >> 2 & 3)],
         max_trailer_bytes: [0, 4, 64, 4096][usize::from(p >> 4 & 3)],
     };
-    let mut next = pieces(take(&mut data));
+    let seed = take(&mut data);
+    let mut next = pieces(seed);
     let expected = reference_chunked(data, &limits);
     let mut decoder = ChunkedDecoder::new(limits, Side::Downstream);
     let mut out = Vec::new();
@@ -322,6 +326,86 @@ pub fn check_chunked(mut data: &[u8]) {
         }
     };
     assert_eq!(ours, expected);
+    check_pass(data, limits, pieces(seed), &expected);
+}
+
+/// [`ChunkedDecoder::pass`] fed `data` in the same pieces as the decoder: it stops or fails
+/// where the decoder does, counts the data the decoder decoded, and sends on what
+/// [`reference_pass`] keeps of the bytes consumed (of the pieces before a failing one).
+fn check_pass(
+    data: &[u8],
+    limits: ChunkedLimits,
+    mut next: impl FnMut() -> usize,
+    expected: &ChunkedOutcome,
+) {
+    let mut tracker = ChunkedDecoder::new(limits, Side::Downstream);
+    let (mut out, mut fed, mut counted) = (Vec::new(), 0, 0);
+    let ours: ChunkedOutcome = loop {
+        let n = next().min(data.len() - fed);
+        let before = out.len();
+        match tracker.pass(&data[fed..fed + n], &mut out) {
+            Err(e) => {
+                assert_eq!(out.len(), before, "a failing piece appends nothing");
+                assert_eq!(out, reference_pass(&data[..fed]), "sent on before the failure");
+                break Err(e.kind());
+            }
+            Ok(passed) => {
+                counted += passed.data;
+                fed += passed.consumed;
+                if passed.done || fed == data.len() {
+                    break Ok((Vec::new(), fed, passed.done));
+                }
+            }
+        }
+    };
+    match (ours, expected) {
+        (Err(kind), Err(want)) => assert_eq!(kind, *want, "pass fails as the decoder does"),
+        (Ok((_, used, done)), Ok((decoded, want_used, want_done))) => {
+            assert_eq!((used, done), (*want_used, *want_done), "pass stops where decoding does");
+            assert_eq!(counted, decoded.len(), "the data counted is the data decoded");
+            assert_eq!(out, reference_pass(&data[..used]), "what is sent on");
+        }
+        (ours, expected) => panic!("pass: {ours:?}, decoder: {expected:?}"),
+    }
+}
+
+/// What [`ChunkedDecoder::pass`] sends on of `input`, a valid start of a chunked body (what the
+/// decoder consumed before it stopped or failed): every size line's digits and CRLF, every
+/// chunk's data and CRLF, the final CRLF; not the extensions nor the trailer fields. A
+/// whole-buffer restatement, line by line.
+pub fn reference_pass(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    loop {
+        let rest = &input[pos..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        out.extend_from_slice(&rest[..digits]);
+        let Some(cr) = rest.iter().position(|&b| b == b'\r') else { return out };
+        out.extend_from_slice(&rest[cr..(cr + 2).min(rest.len())]);
+        pos += cr + 2;
+        let size = rest[..digits].iter().fold(0u64, |n, &d| n << 4 | u64::from(hex_digit(d)));
+        if pos >= input.len() {
+            return out;
+        }
+        if size == 0 {
+            // Trailer lines up to the empty one; only the final CRLF is sent on.
+            while pos < input.len() && input[pos] != b'\r' {
+                match input[pos..].windows(2).position(|w| w == b"\r\n") {
+                    Some(end) => pos += end + 2,
+                    None => return out,
+                }
+            }
+            out.extend_from_slice(&input[pos..]);
+            return out;
+        }
+        let take = usize::try_from(size).map_or(input.len(), |s| (pos + s + 2).min(input.len()));
+        out.extend_from_slice(&input[pos..take]);
+        pos = take;
+    }
+}
+
+fn hex_digit(d: u8) -> u8 {
+    char::from(d).to_digit(16).map_or(0, |v| v as u8)
 }
 
 /// One thing the connection driver saw.
@@ -334,6 +418,7 @@ enum Event {
         expect: bool,
         session: Option<Vec<u8>>,
         len: usize,
+        http11: bool,
     },
     Body(Vec<u8>),
     Error(ErrorKind),
@@ -387,6 +472,8 @@ pub struct ModelRequest {
     pub body: Vec<u8>,
     /// A `100 Continue` is due (`Expect: 100-continue` with a body).
     pub expect_continue: bool,
+    /// The request line says HTTP/1.1 (else HTTP/1.0): the client takes chunked bodies.
+    pub http11: bool,
 }
 
 /// How the connection model says a client byte stream ends.
@@ -418,13 +505,14 @@ pub fn connection_model(stream: &[u8], limits: &Limits) -> (Vec<ModelRequest>, M
     let mut pending: Option<ModelRequest> = None;
     for event in events {
         match event {
-            Event::Head { line, framing, expect, .. } => {
+            Event::Head { line, framing, expect, http11, .. } => {
                 let space = line.iter().position(|&b| b == b' ').expect("method and target");
                 pending = Some(ModelRequest {
                     method: line[..space].to_vec(),
                     target: line[space + 1..].to_vec(),
                     body: Vec::new(),
                     expect_continue: expect && framing != Framing::None,
+                    http11,
                 });
             }
             Event::Body(body) => {
@@ -532,6 +620,7 @@ fn start_body(
         expect: head.expect_continue,
         session: head.session_id(buf).map(<[u8]>::to_vec),
         len: head.head_len,
+        http11: head.version == Version::Http11,
     });
     let keep_alive = head.keep_alive;
     match head.framing {
@@ -596,6 +685,12 @@ struct Relayed {
     /// The final status and the client framing chosen.
     status: u16,
     plan_framing: ResponseFraming,
+    /// Where the final head ends in the response: its body's first byte.
+    body_start: usize,
+    /// The body was passed through in its chunks.
+    passed: bool,
+    /// Body content bytes, as the relay counted them.
+    data: usize,
 }
 
 /// Runs the shard's relay over `response` arriving in reads of `next()` bytes, then EOF.
@@ -611,6 +706,9 @@ fn drive_relay(
         head_len: 0,
         status: 0,
         plan_framing: ResponseFraming::None,
+        body_start: 0,
+        passed: false,
+        data: 0,
     };
     let (mut buf, mut scratch) = (Vec::new(), Vec::new());
     let mut body: Option<BodyRelay> = None;
@@ -637,7 +735,10 @@ fn drive_relay(
                     relayed.head_len = relayed.out.len();
                     relayed.status = head.status;
                     relayed.plan_framing = plan.framing;
-                    body = Some(BodyRelay::new(head.framing, plan.framing));
+                    let relay = BodyRelay::new(head.framing, plan.framing);
+                    relayed.passed = relay.passes_chunks();
+                    relayed.body_start = fed - buf.len() + head.head_len;
+                    body = Some(relay);
                     buf.drain(..head.head_len);
                 }
             }
@@ -650,11 +751,13 @@ fn drive_relay(
                     return Relayed { end: RelayEnd::BadBody, ..relayed };
                 }
                 Ok(p) if p.done => {
+                    relayed.data += p.data;
                     relay.finish(&mut relayed.out);
                     let leftover = buf.len() - p.consumed + response.len() - fed;
                     return Relayed { end: RelayEnd::Done { leftover }, ..relayed };
                 }
                 Ok(p) => {
+                    relayed.data += p.data;
                     assert_eq!(p.consumed, buf.len(), "an unfinished body consumes its input");
                     buf.clear();
                 }
@@ -754,7 +857,7 @@ fn client_reads(
 /// Backend responses for the relay's unit test and the fuzz target's seeds.
 pub const RELAY_SEEDS: [&[u8]; 8] = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
-      e\r\ndata: {\"a\":1}\n\n\r\ne;x=y\r\ndata: [DONE]\n\n\r\n0\r\nT: v\r\n\r\n",
+      f\r\ndata: {\"a\":1}\n\n\r\ne;x=y\r\ndata: [DONE]\n\n\r\n0\r\nT: v\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: keep-alive, x-a\r\nx-a: 1\r\n\r\nhelloHTTP",
     b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"until\":\"close\"}",
     b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
@@ -780,6 +883,7 @@ pub fn check_relay(mut data: &[u8]) {
     assert_eq!(whole.end, split.end, "splitting the response changed how it ended");
     assert_eq!(whole.out[..whole.head_len], split.out[..split.head_len], "the relayed head");
     let reference = reference_relay(data, was_head);
+    let data_in = data;
     for relayed in [&whole, &split] {
         match (&relayed.end, &reference) {
             (RelayEnd::NoHead | RelayEnd::BadHead, None) => {
@@ -809,6 +913,12 @@ pub fn check_relay(mut data: &[u8]) {
             }
             (RelayEnd::Done { leftover }, Ok((data, after, true))) => {
                 assert_eq!(&body, data, "the client reads the backend's body");
+                assert_eq!(relayed.data, data.len(), "the relay counts the body's data");
+                if relayed.passed {
+                    let raw = &data_in[relayed.body_start..data_in.len() - leftover];
+                    let sent = &relayed.out[relayed.head_len..];
+                    assert_eq!(sent, reference_pass(raw), "the chunks are passed through");
+                }
                 assert!(complete, "a finished relay looks complete to the client");
                 assert_eq!(leftover, after, "the bytes after the body are left alone");
             }

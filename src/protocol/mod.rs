@@ -18,7 +18,8 @@
 //! - [`forward`]: [`write_upstream_head`], the request head sent to a backend (SPEC 2.6).
 //! - [`response`]: [`parse_response_head`], [`write_client_response_head`] and the router's own
 //!   JSON errors, [`write_error`] (SPEC 2.7 and the error table).
-//! - [`relay`]: [`BodyRelay`], a backend response body re-framed for the client read by read.
+//! - [`relay`]: [`BodyRelay`], a backend response body relayed to the client read by read (a
+//!   chunked one passed through, others re-framed as the client needs).
 //! - [`error`]: [`ProtocolError`] (which side broke which rule, with its status) and [`ModelError`].
 //!
 //! What is refused (400 unless stated; every refusal means "answer and close"):
@@ -54,12 +55,12 @@ pub mod usage;
 #[cfg(any(test, fuzzing))]
 pub mod harness;
 
-pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Progress};
+pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Passed, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
 pub use forward::{write_upstream_head, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, BodyFields, FieldValue, ModelField};
 pub use prompt::{find_model_and_prompt, scan_body, Ends, PromptHasher};
-pub use relay::BodyRelay;
+pub use relay::{BodyProgress, BodyRelay};
 pub use request::{parse_request_head, Framing, RequestHead};
 pub use response::{
     parse_response_head, reason_phrase, write_client_response_head, write_error,

@@ -7,10 +7,10 @@
 //! `Content-Length`, codings other than one `chunked`.
 //!
 //! Relaying to the client: the status line is always `HTTP/1.1` (RFC 9110 2.5: a server sends its
-//! own version); a known length is kept; a chunked or close-delimited body is re-framed as
-//! chunked for an HTTP/1.1 client (the decoded pieces re-encoded with
-//! [`ChunkedEncoder`](super::ChunkedEncoder) as they arrive) and delimited by closing the
-//! connection for an HTTP/1.0 client. Interim 1xx responses are for the caller to skip: the
+//! own version); a known length is kept; a chunked body goes to an HTTP/1.1 client
+//! chunked (passed through, [`BodyRelay`](super::BodyRelay)) and a close-delimited one is
+//! chunked for it (each read one chunk, [`ChunkedEncoder`](super::ChunkedEncoder)); both are
+//! delimited by closing the connection for an HTTP/1.0 client. Interim 1xx responses are for the caller to skip: the
 //! router sends no `Expect` or `Upgrade` upstream, so a `100` or `103` is dropped and a `101` is
 //! an upstream error.
 

@@ -4,7 +4,11 @@
 //!
 //! One router runs for the life of the process (one shard, limits small enough for a fuzzer
 //! to reach: 1 KiB heads, 2 KiB bodies) in front of a minimal backend that answers every
-//! request `200 {}`. For each input, [`check_connection`] opens a connection, writes the bytes
+//! request `200 {}` in two writes: with a `Content-Length` when the request body's length is
+//! even (the head, then the body), chunked (an extension, a trailer) when it is odd, so the
+//! shard's hold of a fixed-length head for its body, its pass-through of chunked bodies and its
+//! reuse of the backend connection after one are driven too. For each input,
+//! [`check_connection`] opens a connection, writes the bytes
 //! in pieces (each piece its own `write`, `TCP_NODELAY`, so the shard sees many splits), reads
 //! what comes back as a client would, and checks:
 //! - one final response per request the model completes, in order, each with the status its
@@ -28,7 +32,9 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::protocol::harness::{connection_model, pieces, ModelEnd, ModelRequest};
-use crate::protocol::{find_model, parse_response_head, Limits, ResponseFraming};
+use crate::protocol::{
+    find_model, parse_response_head, ChunkedDecoder, ChunkedLimits, Limits, ResponseFraming, Side,
+};
 
 use super::{admin, Running};
 
@@ -105,12 +111,33 @@ fn serve_backend(mut stream: TcpStream) {
             }
         }
         buf.drain(..end + 4 + length);
-        let ok =
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-        if stream.write_all(ok).is_err() {
+        // Head and body in two writes, as uvicorn sends them (the router holds a fixed-length
+        // head for its body). A body of odd length is answered chunked, with an extension and
+        // a trailer: the router passes it through to an HTTP/1.1 client, and must find its end
+        // to reuse the connection.
+        let replies: [&[u8]; 2] = match length % 2 {
+            0 => [
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+                b"{}",
+            ],
+            _ => [
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                  Transfer-Encoding: chunked\r\n\r\n1;e=1\r\n{",
+                b"\r\n1\r\n}\r\n0\r\nX-T: 1\r\n\r\n",
+            ],
+        };
+        if replies.iter().any(|r| stream.write_all(r).is_err()) {
             return;
         }
     }
+}
+
+/// Whether the backend gets `request` (and answers it chunked when its body's length is odd).
+fn reaches_backend(request: &ModelRequest) -> bool {
+    let path = request.target.split(|&b| b == b'?').next().unwrap_or(&[]);
+    request.method == b"POST"
+        && path.starts_with(b"/v1/")
+        && find_model(&request.body).is_ok_and(|f| f.value == "m")
 }
 
 /// The status the router's routes give a complete request.
@@ -136,7 +163,8 @@ struct Answer {
     close: bool,
 }
 
-/// A client's reader: responses framed by `Content-Length` (all the router sends here).
+/// A client's reader: responses framed by `Content-Length`, chunked (a backend's chunked body
+/// passed through) or by the close (the same for an HTTP/1.0 client).
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -267,7 +295,12 @@ impl Client {
                     let length = match head.framing {
                         ResponseFraming::ContentLength(n) => n as usize,
                         ResponseFraming::None => 0,
-                        other => panic!("unexpected framing {other:?}: {}", self.shown()),
+                        ResponseFraming::Chunked => self.chunked_length(head.head_len),
+                        // An HTTP/1.0 client's answer to a chunked backend body: to the close.
+                        ResponseFraming::UntilClose => {
+                            while self.fill() {}
+                            self.buf.len() - head.head_len
+                        }
                     };
                     while self.buf.len() < head.head_len + length {
                         assert!(self.fill(), "the body was cut: {}", self.shown());
@@ -287,6 +320,24 @@ impl Client {
                 }
                 Err(e) => panic!("the router sent a malformed response ({e}): {}", self.shown()),
             }
+        }
+    }
+
+    /// The length of the chunked body at `start` (read until it is complete), which must carry
+    /// the backend's `{}`.
+    fn chunked_length(&mut self, start: usize) -> usize {
+        let limits = ChunkedLimits { max_body_bytes: 2, max_line_bytes: 16, max_trailer_bytes: 0 };
+        let mut decoder = ChunkedDecoder::new(limits, Side::Upstream);
+        let (mut data, mut pos) = (Vec::new(), start);
+        loop {
+            let fed = decoder.feed(&self.buf[pos..], &mut data);
+            let progress = fed.unwrap_or_else(|e| panic!("bad chunks ({e}): {}", self.shown()));
+            pos += progress.consumed;
+            if progress.done {
+                assert_eq!(data, b"{}", "the backend's body: {}", self.shown());
+                return pos - start;
+            }
+            assert!(self.fill(), "the chunked body was cut: {}", self.shown());
         }
     }
 
@@ -310,7 +361,15 @@ impl Client {
 pub fn check_connection(data: &[u8]) {
     let Some((&seed, stream_bytes)) = data.split_first() else { return };
     let rig = rig();
-    let (requests, end) = connection_model(stream_bytes, &rig.limits);
+    let (mut requests, mut end) = connection_model(stream_bytes, &rig.limits);
+    // A chunked backend body reaches an HTTP/1.0 client delimited by the close: the
+    // connection ends with it.
+    let close_delimited =
+        |r: &ModelRequest| !r.http11 && reaches_backend(r) && r.body.len() % 2 == 1;
+    if let Some(i) = requests.iter().position(close_delimited) {
+        requests.truncate(i + 1);
+        end = ModelEnd::Close;
+    }
     let mut client = Client::connect(rig.addr, expected(&requests, &end));
     client.write_in_pieces(stream_bytes, seed);
     let mut read = client.read_answers(&requests, rig, &end);
@@ -380,7 +439,12 @@ mod tests {
     /// The seeds of `fuzz/corpus/connection`, each in several splits.
     #[test]
     fn seeds_pass_in_several_splits() {
-        let streams: [&[u8]; 6] = [
+        let streams: [&[u8]; 8] = [
+            b"POST /v1/a HTTP/1.1\r\nHost: a\r\nContent-Length: 14\r\n\r\n{\"model\":\"m\"} \
+              POST /v1/b HTTP/1.1\r\nHost: a\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}\
+              POST /v1/c HTTP/1.1\r\nHost: a\r\nContent-Length: 14\r\n\r\n{\"model\":\"m\"} ",
+            b"POST /v1/a HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 13\r\n\r\n\
+              {\"model\":\"m\"}GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}",
             b"POST /v1/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n\
               d\r\n{\"model\":\"m\"}\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",

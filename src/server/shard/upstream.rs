@@ -57,7 +57,7 @@ struct Upstream {
     /// Response head parsed: its framing upstream, and the relay plan to the client.
     framing: Option<ResponseFraming>,
     plan: RelayPlan,
-    /// The body being relayed (framing, bytes left, chunked decoder).
+    /// The body being relayed (framing, bytes left, chunked pass-through or decoder).
     body: BodyRelay,
     keep_alive: bool,
     /// Any response byte received (then nothing is retryable).
@@ -555,7 +555,8 @@ impl Upstreams {
             u.got_bytes = true;
         }
         let mut consumed = 0;
-        if u.framing.is_none() {
+        let head_now = u.framing.is_none();
+        if head_now {
             match u.relay_head(c, req, cx) {
                 HeadRelay::Incomplete => return,
                 HeadRelay::Interim => return self.relay(up, clients, cx),
@@ -568,19 +569,19 @@ impl Upstreams {
         }
         let before = c.wbuf.len();
         let fed = u.body.feed(&u.rbuf[consumed..u.rlen], u.eof, &mut self.scratch, &mut c.wbuf);
-        let done = match fed {
+        let (done, body_bytes) = match fed {
             Ok(progress) => {
                 consumed += progress.consumed;
-                progress.done
+                (progress.done, progress.data > 0)
             }
             Err(_) => {
                 return self.failed(up, Failure::Fatal(UpstreamError::Malformed), clients, cx)
             }
         };
-        let body_bytes = c.wbuf.len() > before;
         if (200..300).contains(&req.status) {
-            // The client-framed bytes: a chunk-size line between pieces can only hide a value
-            // (protocol::usage), so no decoded copy is kept for this.
+            // The client's bytes, as relayed: a chunked body passed through still carries its
+            // size lines, which can only hide a value (protocol::usage), so no decoded copy is
+            // made for this.
             req.usage.feed(&c.wbuf[before..]);
         }
         u.rbuf.copy_within(consumed..u.rlen, 0);
@@ -588,6 +589,12 @@ impl Upstreams {
         let first_byte = body_bytes && req.streaming && !req.first_byte_sent;
         req.first_byte_sent |= first_byte;
         let (id, model) = (req.id, u.model);
+        // The head of a fixed-length body that has not begun waits for it, so that head and
+        // body go out in one write: an engine that writes them apart (uvicorn sends the head
+        // first) has the whole body already. A streamed head goes out at once: its first
+        // event may be a long prefill away, and the client sees the status meanwhile.
+        let fixed = matches!(u.framing, Some(ResponseFraming::ContentLength(_)));
+        let hold_head = head_now && fixed && !body_bytes && !done;
         if done {
             u.body.finish(&mut c.wbuf);
             req.complete = Some((200..300).contains(&req.status));
@@ -608,7 +615,9 @@ impl Upstreams {
             }
             cx.send(model, Input::FirstByte(id));
         }
-        clients.flush(client, self, cx);
+        if !hold_head {
+            clients.flush(client, self, cx);
+        }
     }
 
     /// An upstream exchange failed. Retryable failures go back to the scheduler (after one

@@ -21,7 +21,9 @@
 //!   - `normal`: FIFO by arrival.
 //!
 //! A queued entry is in exactly one lane list, of its own tenant (`Entry::tenant`); a boosted
-//! one is also in its tenant's heap. Tenant 0's heap is preallocated for the whole arena; another tenant's starts
+//! one is also in its tenant's heap. Tenant 0's lanes sit inline in the [`Queue`] (with no
+//! tenants configured, the only ones, found without an indirection), the others' in a `Vec`.
+//! Tenant 0's heap is preallocated for the whole arena; another tenant's starts
 //! with [`TENANT_HEAP_START`] slots and grows to its high-water mark (doubling, so at most
 //! log2(arena) allocations per tenant over a process's life, none in a steady state): a heap
 //! per tenant sized for the arena would take `tenants × arena × 16` bytes.

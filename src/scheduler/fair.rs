@@ -296,3 +296,88 @@ const NO_TENANT: u32 = u32::MAX;
 pub fn charge(tokens: u64, weight: u32) -> u64 {
     tokens.max(1).saturating_mul(SCALE) / u64::from(weight.max(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of the tenant arrives.
+        Arrive(u16),
+        /// The head's request of `tokens` is admitted in tenant order.
+        Admit(u64),
+        /// A request of the tenant is admitted outside the order (a grace hit).
+        Direct(u16, u64),
+        /// A queued request of the tenant is cancelled.
+        Cancel(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u16..6).prop_map(Op::Arrive),
+            (1u64..2000).prop_map(Op::Admit),
+            (0u16..6, 1u64..2000).prop_map(|(t, c)| Op::Direct(t, c)),
+            (0u16..6).prop_map(Op::Cancel),
+        ]
+    }
+
+    proptest! {
+        /// The front slot and the heap give the order one sorted list gives: the head is
+        /// always the smallest (key, tenant) of the tenants with requests queued, keys
+        /// following the SFQ rules restated here.
+        #[test]
+        fn head_is_the_smallest_key_then_index(ops in proptest::collection::vec(op(), 0..400)) {
+            let weights = [1u16, 3, 2, 1, 4];
+            let mut fair = Fair::new(&weights);
+            let weight = |t: u16| if t == 0 { 1 } else { u32::from(weights[usize::from(t) - 1]) };
+            let (mut queued, mut key, mut finish, mut vtime) = ([0u32; 6], [0u64; 6], [0u64; 6], 0);
+            for op in ops {
+                match op {
+                    Op::Arrive(t) => {
+                        queued[usize::from(t)] += 1;
+                        if queued[usize::from(t)] == 1 {
+                            key[usize::from(t)] = finish[usize::from(t)].max(vtime);
+                            fair.enter(t);
+                        }
+                    }
+                    Op::Admit(tokens) => {
+                        let Some(head) = fair.head() else { continue };
+                        let h = usize::from(head);
+                        let start = key[h];
+                        vtime = vtime.max(start);
+                        finish[h] = finish[h].max(start) + charge(tokens, weight(head));
+                        queued[h] -= 1;
+                        key[h] = finish[h];
+                        fair.served(head, tokens, queued[h] > 0);
+                    }
+                    Op::Direct(t, tokens) => {
+                        let f = &mut finish[usize::from(t)];
+                        *f = (*f).max(vtime) + charge(tokens, weight(t));
+                        fair.charge_direct(t, tokens);
+                    }
+                    Op::Cancel(t) => {
+                        if queued[usize::from(t)] == 0 {
+                            continue;
+                        }
+                        queued[usize::from(t)] -= 1;
+                        if queued[usize::from(t)] == 0 {
+                            fair.leave(t);
+                        }
+                    }
+                }
+                fair.check_invariants(|t| queued[usize::from(t)]);
+                let expected = (0u16..6).filter(|&t| queued[usize::from(t)] > 0)
+                    .min_by_key(|&t| (key[usize::from(t)], t));
+                prop_assert_eq!(fair.head(), expected);
+                let mut order: Vec<u16> = (0u16..6).filter(|&t| queued[usize::from(t)] > 0).collect();
+                order.sort_by_key(|&t| (key[usize::from(t)], t));
+                let (mut frontier, mut first) = (Vec::new(), Vec::new());
+                fair.first_k(order.len(), &mut frontier, &mut first);
+                let first: Vec<u16> = first.iter().map(|&t| t as u16).collect();
+                prop_assert_eq!(first, order);
+            }
+        }
+    }
+}

@@ -31,7 +31,14 @@
 //! one request's charge each (SFQ's fairness bound), so two saturating tenants with weights
 //! 3:1 split admitted tokens 3:1 up to one maximal request.
 //!
-//! The tenant heap is an [`IndexedHeap`] of tenant indices, preallocated for every tenant of
+//! The backlogged tenants are a *front* tenant and a 4-ary [`IndexedHeap`] of the others (4
+//! levels for 100 tenants where a binary heap has 7), the front, when there is one, going before
+//! every tenant in the heap. A tenant that enters before the head (typically at key `V`, the
+//! smallest, after it drained) becomes the front without a sift (the old front, if any, moves
+//! into the heap), and when the front is served and drains again it leaves without one: a
+//! tenant whose every request is admitted as soon as it arrives (a light tenant, or a heavy
+//! weight against even arrivals) costs no heap operation. The order is the same as one heap's:
+//! the head is always the smallest (key, index). The heap is preallocated for every tenant of
 //! the configuration (up to `generation::TENANTS_MAX`); per-tenant state is 40 bytes.
 
 use super::heap::{HeapArena, IndexedHeap, NOT_IN_HEAP};
@@ -40,11 +47,18 @@ use super::heap::{HeapArena, IndexedHeap, NOT_IN_HEAP};
 /// weight`, so weights up to 1,000 keep three significant digits.
 pub const SCALE: u64 = 1000;
 
+/// [`Tenant::position`] of the front tenant.
+const FRONT: u32 = NOT_IN_HEAP - 1;
+
+/// Children per node of the tenant heap.
+const TENANT_HEAP_ARITY: usize = 4;
+
 /// One tenant's fair-share and S4/S5 state.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tenant {
     pub weight: u32,
-    /// Position in the tenant heap, or [`NOT_IN_HEAP`] while it has nothing queued.
+    /// Position in the tenant heap, [`FRONT`] as the front tenant, or [`NOT_IN_HEAP`] while
+    /// it has nothing queued.
     position: u32,
     /// Virtual start of its next admission while in the heap.
     pub key: u64,
@@ -80,11 +94,14 @@ impl HeapArena for Table {
     }
 }
 
-/// Every tenant's state, the heap of backlogged tenants by key, and the virtual time.
+/// Every tenant's state, the backlogged tenants by key (the front and the heap), and the
+/// virtual time.
 #[derive(Debug)]
 pub(crate) struct Fair {
     table: Table,
-    heap: IndexedHeap,
+    /// The front tenant, before every tenant in the heap, or [`NO_TENANT`].
+    front: u32,
+    heap: IndexedHeap<TENANT_HEAP_ARITY>,
     vtime: u64,
 }
 
@@ -92,8 +109,12 @@ impl Fair {
     /// Tenant 0 (no tenant, weight 1) and one tenant per weight in `weights` (tenant `t` has
     /// `weights[t - 1]`).
     pub fn new(weights: &[u16]) -> Fair {
-        let mut fair =
-            Fair { table: Table(Vec::new()), heap: IndexedHeap::with_capacity(0), vtime: 0 };
+        let mut fair = Fair {
+            table: Table(Vec::new()),
+            front: NO_TENANT,
+            heap: IndexedHeap::with_capacity(0),
+            vtime: 0,
+        };
         fair.grow(weights);
         fair
     }
@@ -130,12 +151,24 @@ impl Fair {
     /// The backlogged tenant with the smallest key.
     #[inline]
     pub fn head(&self) -> Option<u16> {
+        if self.front != NO_TENANT {
+            return Some(self.front as u16);
+        }
         self.heap.peek().map(|t| t as u16)
     }
 
-    /// The tenants with requests queued, in heap order.
+    /// The tenants with requests queued: the front, then the heap in heap-array order.
     pub fn backlogged_tenants(&self) -> impl Iterator<Item = u16> + '_ {
-        self.heap.indices().map(|t| t as u16)
+        let front = (self.front != NO_TENANT).then_some(self.front);
+        front.into_iter().chain(self.heap.indices()).map(|t| t as u16)
+    }
+
+    /// Whether tenant `tenant` with `key` goes before the top of the heap (or the heap is empty).
+    fn before_heap(&self, key: u64, tenant: u32) -> bool {
+        self.heap.peek().is_none_or(|top| {
+            let top_key = self.table.0[top as usize].key;
+            key < top_key || (key == top_key && tenant < top)
+        })
     }
 
     /// Whether `tenant` is in the heap (has requests queued).
@@ -149,14 +182,46 @@ impl Fair {
         debug_assert!(!self.backlogged(tenant), "tenant {tenant} entered twice");
         let state = &mut self.table.0[usize::from(tenant)];
         state.key = state.finish.max(self.vtime);
-        self.heap.push(state.key, u32::from(tenant), &mut self.table);
+        let (key, tenant) = (state.key, u32::from(tenant));
+        let front = self.front;
+        if front == NO_TENANT {
+            if self.before_heap(key, tenant) {
+                self.set_front(tenant);
+            } else {
+                self.heap.push(key, tenant, &mut self.table);
+            }
+            return;
+        }
+        let front_key = self.table.0[front as usize].key;
+        if key < front_key || (key == front_key && tenant < front) {
+            // The old front goes before every tenant in the heap: it sifts up to the top.
+            self.heap.push(front_key, front, &mut self.table);
+            self.set_front(tenant);
+        } else {
+            self.heap.push(key, tenant, &mut self.table);
+        }
+    }
+
+    fn set_front(&mut self, tenant: u32) {
+        self.front = tenant;
+        self.table.0[tenant as usize].position = FRONT;
+    }
+
+    /// Takes `tenant` (backlogged) out of the order.
+    fn take_out(&mut self, tenant: u16, position: u32) {
+        if position == FRONT {
+            self.front = NO_TENANT;
+            self.table.0[usize::from(tenant)].position = NOT_IN_HEAP;
+        } else {
+            self.heap.remove(position, &mut self.table);
+        }
     }
 
     /// `tenant` has nothing queued any more.
     pub fn leave(&mut self, tenant: u16) {
         let position = self.get(tenant).position;
         debug_assert!(position != NOT_IN_HEAP, "tenant {tenant} left twice");
-        self.heap.remove(position, &mut self.table);
+        self.take_out(tenant, position);
     }
 
     /// A request of `tenant` costing `tokens` was admitted in tenant order; `queued` says
@@ -168,12 +233,22 @@ impl Fair {
         let start = state.key;
         self.vtime = self.vtime.max(start);
         state.finish = state.finish.max(start).saturating_add(charge(tokens, state.weight));
-        if queued {
-            state.key = state.finish;
-            let key = state.key;
-            self.heap.update(position, key, &mut self.table);
+        if !queued {
+            return self.take_out(tenant, position);
+        }
+        state.key = state.finish;
+        let key = state.key;
+        if position == FRONT {
+            // Served, the front takes its place among the others: back into the heap.
+            self.front = NO_TENANT;
+            if self.before_heap(key, u32::from(tenant)) {
+                self.set_front(u32::from(tenant));
+            } else {
+                self.heap.push(key, u32::from(tenant), &mut self.table);
+            }
         } else {
-            self.heap.remove(position, &mut self.table);
+            // The key only grows (`finish >= start`): a sift down places it.
+            self.heap.increase(position, key, &mut self.table);
         }
     }
 
@@ -185,6 +260,10 @@ impl Fair {
 
     /// Appends the first `k` backlogged tenants in key order to `out`; `frontier` is scratch.
     pub fn first_k(&self, k: usize, frontier: &mut Vec<u32>, out: &mut Vec<u32>) {
+        if k > 0 && self.front != NO_TENANT {
+            out.push(self.front);
+            return self.heap.first_k(k - 1, &self.table, frontier, out);
+        }
         self.heap.first_k(k, &self.table, frontier, out);
     }
 
@@ -192,17 +271,113 @@ impl Fair {
         self.table.0.capacity() * std::mem::size_of::<Tenant>() + self.heap.heap_bytes()
     }
 
-    /// Checks the heap, and that exactly the tenants `queued` says have requests are in it.
+    /// Checks the heap and the front (before the heap's top), and that exactly the tenants
+    /// `queued` says have requests are in the order.
     pub fn check_invariants(&self, queued: impl Fn(u16) -> u32) {
         self.heap.check_invariants(&self.table, |t| self.table.0[t as usize].position);
+        if self.front != NO_TENANT {
+            let front = &self.table.0[self.front as usize];
+            assert_eq!(front.position, FRONT, "the front tenant's position");
+            assert!(self.before_heap(front.key, self.front), "the front after the heap's top");
+        }
         for (t, state) in self.table.0.iter().enumerate() {
-            let in_heap = state.position != NOT_IN_HEAP;
-            assert_eq!(in_heap, queued(t as u16) > 0, "tenant {t} heap membership");
+            let in_order = state.position != NOT_IN_HEAP;
+            assert_eq!(in_order, queued(t as u16) > 0, "tenant {t} heap membership");
+            let is_front = self.front == t as u32;
+            assert_eq!(state.position == FRONT, is_front, "tenant {t} front");
         }
     }
 }
 
+/// [`Fair::front`] when there is no front tenant.
+const NO_TENANT: u32 = u32::MAX;
+
 /// Virtual time of `tokens` (at least 1) at `weight`.
 pub fn charge(tokens: u64, weight: u32) -> u64 {
     tokens.max(1).saturating_mul(SCALE) / u64::from(weight.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of the tenant arrives.
+        Arrive(u16),
+        /// The head's request of `tokens` is admitted in tenant order.
+        Admit(u64),
+        /// A request of the tenant is admitted outside the order (a grace hit).
+        Direct(u16, u64),
+        /// A queued request of the tenant is cancelled.
+        Cancel(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u16..6).prop_map(Op::Arrive),
+            (1u64..2000).prop_map(Op::Admit),
+            (0u16..6, 1u64..2000).prop_map(|(t, c)| Op::Direct(t, c)),
+            (0u16..6).prop_map(Op::Cancel),
+        ]
+    }
+
+    proptest! {
+        /// The front slot and the heap give the order one sorted list gives: the head is
+        /// always the smallest (key, tenant) of the tenants with requests queued, keys
+        /// following the SFQ rules restated here.
+        #[test]
+        fn head_is_the_smallest_key_then_index(ops in proptest::collection::vec(op(), 0..400)) {
+            let weights = [1u16, 3, 2, 1, 4];
+            let mut fair = Fair::new(&weights);
+            let weight = |t: u16| if t == 0 { 1 } else { u32::from(weights[usize::from(t) - 1]) };
+            let (mut queued, mut key, mut finish, mut vtime) = ([0u32; 6], [0u64; 6], [0u64; 6], 0);
+            for op in ops {
+                match op {
+                    Op::Arrive(t) => {
+                        queued[usize::from(t)] += 1;
+                        if queued[usize::from(t)] == 1 {
+                            key[usize::from(t)] = finish[usize::from(t)].max(vtime);
+                            fair.enter(t);
+                        }
+                    }
+                    Op::Admit(tokens) => {
+                        let Some(head) = fair.head() else { continue };
+                        let h = usize::from(head);
+                        let start = key[h];
+                        vtime = vtime.max(start);
+                        finish[h] = finish[h].max(start) + charge(tokens, weight(head));
+                        queued[h] -= 1;
+                        key[h] = finish[h];
+                        fair.served(head, tokens, queued[h] > 0);
+                    }
+                    Op::Direct(t, tokens) => {
+                        let f = &mut finish[usize::from(t)];
+                        *f = (*f).max(vtime) + charge(tokens, weight(t));
+                        fair.charge_direct(t, tokens);
+                    }
+                    Op::Cancel(t) => {
+                        if queued[usize::from(t)] == 0 {
+                            continue;
+                        }
+                        queued[usize::from(t)] -= 1;
+                        if queued[usize::from(t)] == 0 {
+                            fair.leave(t);
+                        }
+                    }
+                }
+                fair.check_invariants(|t| queued[usize::from(t)]);
+                let expected = (0u16..6).filter(|&t| queued[usize::from(t)] > 0)
+                    .min_by_key(|&t| (key[usize::from(t)], t));
+                prop_assert_eq!(fair.head(), expected);
+                let mut order: Vec<u16> = (0u16..6).filter(|&t| queued[usize::from(t)] > 0).collect();
+                order.sort_by_key(|&t| (key[usize::from(t)], t));
+                let (mut frontier, mut first) = (Vec::new(), Vec::new());
+                fair.first_k(order.len(), &mut frontier, &mut first);
+                let first: Vec<u16> = first.iter().map(|&t| t as u16).collect();
+                prop_assert_eq!(first, order);
+            }
+        }
+    }
 }

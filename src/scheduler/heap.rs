@@ -1,6 +1,7 @@
-//! Intrusive indexed binary min-heap.
+//! Intrusive indexed d-ary min-heap.
 //!
-//! The classic array heap (Williams 1964) over `u32` indices into an arena the heap does not own,
+//! The classic array heap (Williams 1964; `D` children per node, Johnson 1975's d-heap, binary
+//! by default) over `u32` indices into an arena the heap does not own,
 //! with each entry's heap position stored in the entry itself, so that an entry anywhere in the
 //! heap can be removed or re-keyed in O(log n) (the "indexed priority queue" of Sedgewick's
 //! *Algorithms*, section 2.4). The owner passes its arena to every mutation through
@@ -28,15 +29,18 @@ struct Slot {
     index: u32,
 }
 
-/// A min-heap of arena indices ordered by a `u64` key, ties broken by the arena.
+/// A min-heap of arena indices ordered by a `u64` key, ties broken by the arena; `D` children
+/// per node (2: binary; the tenant heap takes 4, half the levels of a binary heap, which its
+/// sifts, bounded by the levels, pay for in fewer moves and position writes).
 #[derive(Debug)]
-pub struct IndexedHeap {
+pub struct IndexedHeap<const D: usize = 2> {
     slots: Vec<Slot>,
 }
 
-impl IndexedHeap {
+impl<const D: usize> IndexedHeap<D> {
     /// An empty heap that holds up to `capacity` entries without reallocating.
-    pub fn with_capacity(capacity: usize) -> IndexedHeap {
+    pub fn with_capacity(capacity: usize) -> IndexedHeap<D> {
+        const { assert!(D >= 2, "a heap node needs at least two children") };
         IndexedHeap { slots: Vec::with_capacity(capacity) }
     }
 
@@ -101,10 +105,9 @@ impl IndexedHeap {
             frontier.swap_remove(at);
             out.push(self.slots[position as usize].index);
             taken += 1;
-            for child in [2 * position + 1, 2 * position + 2] {
-                if (child as usize) < self.slots.len() {
-                    frontier.push(child);
-                }
+            let first = D * position as usize + 1;
+            for child in first..(first + D).min(self.slots.len()) {
+                frontier.push(child as u32);
             }
         }
     }
@@ -124,6 +127,15 @@ impl IndexedHeap {
         if !self.sift_up(position, arena) {
             self.sift_down(position, arena);
         }
+    }
+
+    /// Gives the entry at heap position `position` the key `key`, not smaller than its current
+    /// one, and moves it down to its place (the key only grows: no sift up to try).
+    pub fn increase<A: HeapArena>(&mut self, position: u32, key: u64, arena: &mut A) {
+        let position = position as usize;
+        debug_assert!(self.slots[position].key <= key, "increase with a smaller key");
+        self.slots[position].key = key;
+        self.sift_down(position, arena);
     }
 
     /// Removes and returns the entry at heap position `position`.
@@ -154,43 +166,60 @@ impl IndexedHeap {
     }
 
     fn before<A: HeapArena>(&self, a: usize, b: usize, arena: &A) -> bool {
-        let (a, b) = (self.slots[a], self.slots[b]);
-        a.key < b.key || (a.key == b.key && arena.tie_before(a.index, b.index))
+        slot_before(self.slot(a), self.slot(b), arena)
+    }
+
+    #[inline]
+    fn slot(&self, position: usize) -> Slot {
+        self.slots[position]
+    }
+
+    /// Writes `slot` at `position` and records the position in the arena.
+    #[inline]
+    fn place<A: HeapArena>(&mut self, position: usize, slot: Slot, arena: &mut A) {
+        self.slots[position] = slot;
+        arena.set_heap_position(slot.index, position as u32);
     }
 
     /// Moves the slot at `position` up to its place; returns whether it moved.
-    fn sift_up<A: HeapArena>(&mut self, mut position: usize, arena: &mut A) -> bool {
-        let start = position;
+    fn sift_up<A: HeapArena>(&mut self, start: usize, arena: &mut A) -> bool {
+        let moving = self.slot(start);
+        let mut position = start;
         while position > 0 {
-            let parent = (position - 1) / 2;
-            if !self.before(position, parent, arena) {
+            let parent = (position - 1) / D;
+            let above = self.slot(parent);
+            if !slot_before(moving, above, arena) {
                 break;
             }
-            self.slots.swap(position, parent);
-            arena.set_heap_position(self.slots[position].index, position as u32);
+            self.place(position, above, arena);
             position = parent;
         }
-        arena.set_heap_position(self.slots[position].index, position as u32);
+        self.place(position, moving, arena);
         position != start
     }
 
     fn sift_down<A: HeapArena>(&mut self, mut position: usize, arena: &mut A) {
         let len = self.slots.len();
+        let moving = self.slot(position);
         loop {
-            let left = 2 * position + 1;
-            if left >= len {
+            let first = D * position + 1;
+            if first >= len {
                 break;
             }
-            let right = left + 1;
-            let child = if right < len && self.before(right, left, arena) { right } else { left };
-            if !self.before(child, position, arena) {
+            let (mut child, mut best) = (first, self.slot(first));
+            for next in first + 1..(first + D).min(len) {
+                let candidate = self.slot(next);
+                if slot_before(candidate, best, arena) {
+                    (child, best) = (next, candidate);
+                }
+            }
+            if !slot_before(best, moving, arena) {
                 break;
             }
-            self.slots.swap(position, child);
-            arena.set_heap_position(self.slots[position].index, position as u32);
+            self.place(position, best, arena);
             position = child;
         }
-        arena.set_heap_position(self.slots[position].index, position as u32);
+        self.place(position, moving, arena);
     }
 
     /// Checks heap order and that `position_of` agrees with every slot; panics otherwise.
@@ -203,7 +232,7 @@ impl IndexedHeap {
                 slot.index
             );
             if position > 0 {
-                let parent = (position - 1) / 2;
+                let parent = (position - 1) / D;
                 assert!(
                     !self.before(position, parent, arena),
                     "heap: order violated between positions {parent} and {position}"
@@ -211,6 +240,12 @@ impl IndexedHeap {
             }
         }
     }
+}
+
+/// Whether slot `a` goes before slot `b`: the smaller key, ties by the arena.
+#[inline]
+fn slot_before<A: HeapArena>(a: Slot, b: Slot, arena: &A) -> bool {
+    a.key < b.key || (a.key == b.key && arena.tie_before(a.index, b.index))
 }
 
 #[cfg(test)]
@@ -233,10 +268,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn pops_in_key_then_tie_order() {
+    fn pops_in_key_then_tie_order<const D: usize>() {
         let mut toy = Toy { positions: vec![NOT_IN_HEAP; 5], rank: vec![4, 3, 2, 1, 0] };
-        let mut heap = IndexedHeap::with_capacity(5);
+        let mut heap = IndexedHeap::<D>::with_capacity(5);
         for (index, key) in [(0, 7), (1, 3), (2, 7), (3, 1), (4, 3)] {
             heap.push(key, index, &mut toy);
         }
@@ -246,11 +280,17 @@ mod tests {
     }
 
     #[test]
-    fn first_k_is_what_k_pops_return() {
-        let keys = [5u64, 1, 9, 1, 7, 3, 3, 8, 2, 6, 4, 0];
+    fn pops_in_key_then_tie_order_binary_and_4_ary() {
+        pops_in_key_then_tie_order::<2>();
+        pops_in_key_then_tie_order::<3>();
+        pops_in_key_then_tie_order::<4>();
+    }
+
+    fn first_k_is_what_k_pops_return<const D: usize>() {
+        let keys = [5u64, 1, 9, 1, 7, 3, 3, 8, 2, 6, 4, 0, 5, 2, 8, 1, 0, 7];
         let n = keys.len();
         let mut toy = Toy { positions: vec![NOT_IN_HEAP; n], rank: (0..n as u64).rev().collect() };
-        let mut heap = IndexedHeap::with_capacity(n);
+        let mut heap = IndexedHeap::<D>::with_capacity(n);
         for (index, &key) in keys.iter().enumerate() {
             heap.push(key, index as u32, &mut toy);
         }
@@ -258,15 +298,22 @@ mod tests {
         for k in [0, 1, 5, n, n + 3] {
             first.clear();
             heap.first_k(k, &toy, &mut frontier, &mut first);
-            let mut copy = IndexedHeap::with_capacity(n);
+            let mut copy = IndexedHeap::<D>::with_capacity(n);
             let mut toy2 = Toy { positions: vec![NOT_IN_HEAP; n], rank: toy.rank.clone() };
             for (index, &key) in keys.iter().enumerate() {
                 copy.push(key, index as u32, &mut toy2);
             }
             let popped: Vec<u32> = std::iter::from_fn(|| copy.pop(&mut toy2)).take(k).collect();
-            assert_eq!(first, popped, "k = {k}");
+            assert_eq!(first, popped, "k = {k}, D = {D}");
         }
         assert_eq!(heap.len(), n);
+    }
+
+    #[test]
+    fn first_k_is_what_k_pops_return_binary_and_4_ary() {
+        first_k_is_what_k_pops_return::<2>();
+        first_k_is_what_k_pops_return::<3>();
+        first_k_is_what_k_pops_return::<4>();
     }
 
     #[derive(Debug, Clone)]
@@ -274,52 +321,72 @@ mod tests {
         Push(u64),
         Pop,
         Remove(usize),
+        Increase(usize, u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0u64..20).prop_map(Op::Push),
             Just(Op::Pop),
-            any::<usize>().prop_map(Op::Remove)
+            any::<usize>().prop_map(Op::Remove),
+            (any::<usize>(), 0u64..10).prop_map(|(pick, by)| Op::Increase(pick, by)),
         ]
     }
 
-    proptest! {
-        /// Against a reference: a plain Vec of (key, rank, index) scanned for its minimum.
-        #[test]
-        fn matches_sorted_reference(ops in proptest::collection::vec(op(), 0..300)) {
-            const N: usize = 64;
-            let mut toy = Toy { positions: vec![NOT_IN_HEAP; N], rank: (0..N as u64).collect() };
-            let mut heap = IndexedHeap::with_capacity(N);
-            let mut model: Vec<(u64, u64, u32)> = Vec::new();
-            let mut free: Vec<u32> = (0..N as u32).rev().collect();
-            for op in ops {
-                match op {
-                    Op::Push(key) => {
-                        if let Some(index) = free.pop() {
-                            heap.push(key, index, &mut toy);
-                            model.push((key, toy.rank[index as usize], index));
-                        }
-                    }
-                    Op::Pop => {
-                        let expected = model.iter().min().copied();
-                        model.retain(|entry| Some(*entry) != expected);
-                        let got = heap.pop(&mut toy);
-                        prop_assert_eq!(got, expected.map(|entry| entry.2));
-                        free.extend(got);
-                    }
-                    Op::Remove(pick) => {
-                        if !model.is_empty() {
-                            let (_, _, index) = model.remove(pick % model.len());
-                            let position = toy.positions[index as usize];
-                            prop_assert_eq!(heap.remove(position, &mut toy), index);
-                            free.push(index);
-                        }
+    /// Against a reference: a plain Vec of (key, rank, index) scanned for its minimum.
+    fn matches_sorted_reference<const D: usize>(ops: &[Op]) -> Result<(), TestCaseError> {
+        const N: usize = 64;
+        let mut toy = Toy { positions: vec![NOT_IN_HEAP; N], rank: (0..N as u64).collect() };
+        let mut heap = IndexedHeap::<D>::with_capacity(N);
+        let mut model: Vec<(u64, u64, u32)> = Vec::new();
+        let mut free: Vec<u32> = (0..N as u32).rev().collect();
+        for op in ops {
+            match *op {
+                Op::Push(key) => {
+                    if let Some(index) = free.pop() {
+                        heap.push(key, index, &mut toy);
+                        model.push((key, toy.rank[index as usize], index));
                     }
                 }
-                prop_assert_eq!(heap.len(), model.len());
-                heap.check_invariants(&toy, |index| toy.positions[index as usize]);
+                Op::Pop => {
+                    let expected = model.iter().min().copied();
+                    model.retain(|entry| Some(*entry) != expected);
+                    let got = heap.pop(&mut toy);
+                    prop_assert_eq!(got, expected.map(|entry| entry.2));
+                    free.extend(got);
+                }
+                Op::Remove(pick) => {
+                    if !model.is_empty() {
+                        let (_, _, index) = model.remove(pick % model.len());
+                        let position = toy.positions[index as usize];
+                        prop_assert_eq!(heap.remove(position, &mut toy), index);
+                        free.push(index);
+                    }
+                }
+                Op::Increase(pick, by) => {
+                    if !model.is_empty() {
+                        let at = pick % model.len();
+                        model[at].0 += by;
+                        let (key, _, index) = model[at];
+                        heap.increase(toy.positions[index as usize], key, &mut toy);
+                    }
+                }
             }
+            prop_assert_eq!(heap.len(), model.len());
+            heap.check_invariants(&toy, |index| toy.positions[index as usize]);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn binary_matches_sorted_reference(ops in proptest::collection::vec(op(), 0..300)) {
+            matches_sorted_reference::<2>(&ops)?;
+        }
+
+        #[test]
+        fn four_ary_matches_sorted_reference(ops in proptest::collection::vec(op(), 0..300)) {
+            matches_sorted_reference::<4>(&ops)?;
         }
     }
 }

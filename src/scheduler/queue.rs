@@ -21,7 +21,9 @@
 //!   - `normal`: FIFO by arrival.
 //!
 //! A queued entry is in exactly one lane list, of its own tenant (`Entry::tenant`); a boosted
-//! one is also in its tenant's heap. Tenant 0's heap is preallocated for the whole arena; another tenant's starts
+//! one is also in its tenant's heap. Tenant 0's lanes sit inline in the [`Queue`] (with no
+//! tenants configured, the only ones, found without an indirection), the others' in a `Vec`.
+//! Tenant 0's heap is preallocated for the whole arena; another tenant's starts
 //! with [`TENANT_HEAP_START`] slots and grows to its high-water mark (doubling, so at most
 //! log2(arena) allocations per tenant over a process's life, none in a steady state): a heap
 //! per tenant sized for the arena would take `tenants × arena × 16` bytes.
@@ -255,35 +257,28 @@ impl List {
 pub(crate) const TENANT_HEAP_START: usize = 16;
 
 /// One tenant's lanes: the forced, boosted (arrival order) and normal lists, indexed by
-/// `Lane as usize - 1`, and the boosted heap.
+/// `Lane as usize - 1`, the boosted heap, and its queued requests (the three lists' lengths
+/// summed, kept so that the tenant order's checks read one counter).
 #[derive(Debug)]
 struct Lanes {
     lists: [List; 3],
+    queued: u32,
     boosted: IndexedHeap,
 }
 
 impl Lanes {
     fn with_heap(capacity: usize) -> Lanes {
-        Lanes { lists: [List::EMPTY; 3], boosted: IndexedHeap::with_capacity(capacity) }
-    }
-
-    #[inline]
-    fn queued(&self) -> u32 {
-        self.lists.iter().map(|list| list.len).sum()
+        Lanes { lists: [List::EMPTY; 3], queued: 0, boosted: IndexedHeap::with_capacity(capacity) }
     }
 }
 
-/// The list of `lane` for `tenant` (the retry lane is the model's).
+/// The lanes of `tenant`: tenant 0's inline, the others' in a `Vec` from tenant 1 (with no
+/// tenants configured, the only lanes are found without an indirection).
 #[inline]
-fn lane_list<'a>(
-    retry: &'a mut List,
-    tenants: &'a mut [Lanes],
-    lane: Lane,
-    tenant: u16,
-) -> &'a mut List {
-    match lane {
-        Lane::Retry => retry,
-        _ => &mut tenants[usize::from(tenant)].lists[lane as usize - 1],
+fn lanes_of<'a>(first: &'a mut Lanes, others: &'a mut [Lanes], tenant: u16) -> &'a mut Lanes {
+    match tenant {
+        0 => first,
+        t => &mut others[usize::from(t) - 1],
     }
 }
 
@@ -295,8 +290,10 @@ pub(crate) struct Queue {
     ids: HashTable<u32>,
     /// The model's retry lane.
     retry: List,
-    /// Per tenant, its lanes.
-    tenants: Vec<Lanes>,
+    /// Tenant 0's lanes.
+    first: Lanes,
+    /// The lanes of tenants 1.. (tenant `t` at `t - 1`).
+    others: Vec<Lanes>,
     /// Queued entries per lane, all tenants, indexed by `Lane as usize`.
     lens: [u32; 4],
     /// Queued entries with a deadline, in enqueue (= deadline) order.
@@ -409,7 +406,8 @@ impl Queue {
             free_head: 0,
             ids: HashTable::with_capacity(capacity as usize),
             retry: List::EMPTY,
-            tenants: vec![Lanes::with_heap(capacity as usize)],
+            first: Lanes::with_heap(capacity as usize),
+            others: Vec::new(),
             lens: [0; 4],
             deadlines: List::EMPTY,
             live: 0,
@@ -422,22 +420,31 @@ impl Queue {
         self.arena.entries.capacity() * std::mem::size_of::<Entry>()
             + self.arena.links.capacity() * std::mem::size_of::<Links>()
             + self.ids.allocation_size()
-            + self.tenants.iter().map(|t| t.boosted.heap_bytes()).sum::<usize>()
-            + self.tenants.capacity() * std::mem::size_of::<Lanes>()
+            + self.first.boosted.heap_bytes()
+            + self.others.iter().map(|t| t.boosted.heap_bytes()).sum::<usize>()
+            + self.others.capacity() * std::mem::size_of::<Lanes>()
             + self.sessions.heap_bytes()
     }
 
     /// Room for tenants `0..count` (a reload; never shrinks).
     pub fn grow_tenants(&mut self, count: usize) {
         let start = TENANT_HEAP_START.min(self.capacity() as usize);
-        while self.tenants.len() < count {
-            self.tenants.push(Lanes::with_heap(start));
+        while self.tenants() < count {
+            self.others.push(Lanes::with_heap(start));
         }
     }
 
     /// Tenants the queue has lanes for.
     pub fn tenants(&self) -> usize {
-        self.tenants.len()
+        1 + self.others.len()
+    }
+
+    #[inline]
+    fn lanes(&self, tenant: u16) -> &Lanes {
+        match tenant {
+            0 => &self.first,
+            t => &self.others[usize::from(t) - 1],
+        }
     }
 
     /// Sessions with a request queued or admitted.
@@ -462,7 +469,7 @@ impl Queue {
         let entries = &self.arena.entries;
         let additional = (capacity - self.live) as usize;
         self.ids.reserve(additional, |&i| hash_id(entries[i as usize].id));
-        self.tenants[0].boosted.reserve_total(capacity as usize);
+        self.first.boosted.reserve_total(capacity as usize);
         self.sessions.grow(capacity);
     }
 
@@ -517,7 +524,7 @@ impl Queue {
     /// owner sizes it for `max_queued` plus every admission slot.
     pub fn alloc(&mut self, entry: Entry) -> u32 {
         let tenant = entry.tenant;
-        debug_assert!(usize::from(tenant) < self.tenants.len(), "tenant {tenant} has no lanes");
+        debug_assert!(usize::from(tenant) < self.tenants(), "tenant {tenant} has no lanes");
         let index = self.free_head;
         assert!(index != NIL, "request arena exhausted (capacity {})", self.capacity());
         self.free_head = self.arena.links[index as usize].lane.next;
@@ -587,13 +594,13 @@ impl Queue {
     /// Queued requests of `tenant` (the retry lane is nobody's).
     #[inline]
     pub fn tenant_queued(&self, tenant: u16) -> u32 {
-        self.tenants[usize::from(tenant)].queued()
+        self.lanes(tenant).queued
     }
 
     /// Queued requests of `tenant` in `lane` (not `Retry`).
     #[inline]
     pub fn tenant_lane_len(&self, tenant: u16, lane: Lane) -> u32 {
-        self.tenants[usize::from(tenant)].lists[lane as usize - 1].len
+        self.lanes(tenant).lists[lane as usize - 1].len
     }
 
     /// Head of a FIFO lane (`Retry`, `Forced`, `Normal`) or the top of the boosted heap, of
@@ -602,8 +609,8 @@ impl Queue {
     pub fn first(&self, lane: Lane, tenant: u16) -> Option<u32> {
         let head = match lane {
             Lane::Retry => self.retry.head,
-            Lane::Boosted => return self.tenants[usize::from(tenant)].boosted.peek(),
-            _ => self.tenants[usize::from(tenant)].lists[lane as usize - 1].head,
+            Lane::Boosted => return self.lanes(tenant).boosted.peek(),
+            _ => self.lanes(tenant).lists[lane as usize - 1].head,
         };
         (head != NIL).then_some(head)
     }
@@ -624,13 +631,13 @@ impl Queue {
         frontier: &mut Vec<u32>,
         out: &mut Vec<u32>,
     ) {
-        self.tenants[usize::from(tenant)].boosted.first_k(k, &self.arena, frontier, out);
+        self.lanes(tenant).boosted.first_k(k, &self.arena, frontier, out);
     }
 
     /// The oldest boosted (not forced) request of `tenant`.
     #[inline]
     pub fn oldest_boosted(&self, tenant: u16) -> Option<u32> {
-        let head = self.tenants[usize::from(tenant)].lists[Lane::Boosted as usize - 1].head;
+        let head = self.lanes(tenant).lists[Lane::Boosted as usize - 1].head;
         (head != NIL).then_some(head)
     }
 
@@ -639,13 +646,16 @@ impl Queue {
     pub fn enqueue(&mut self, index: u32, lane: Lane, completed_at: Tick) {
         self.get_mut(index).place = Place::Queued(lane);
         let tenant = self.arena.entries[index as usize].tenant;
-        if lane == Lane::Boosted {
-            let heap = &mut self.tenants[usize::from(tenant)].boosted;
-            heap.push(u64::MAX - completed_at, index, &mut self.arena);
-        }
-        let list = lane_list(&mut self.retry, &mut self.tenants, lane, tenant);
-        self.arena.push_back(list, Via::Lane, index);
         self.lens[lane as usize] += 1;
+        if lane == Lane::Retry {
+            return self.arena.push_back(&mut self.retry, Via::Lane, index);
+        }
+        let lanes = lanes_of(&mut self.first, &mut self.others, tenant);
+        if lane == Lane::Boosted {
+            lanes.boosted.push(u64::MAX - completed_at, index, &mut self.arena);
+        }
+        lanes.queued += 1;
+        self.arena.push_back(&mut lanes.lists[lane as usize - 1], Via::Lane, index);
     }
 
     /// Takes `index` out of its lane; it stays allocated.
@@ -654,14 +664,19 @@ impl Queue {
             panic!("dequeue of entry {index} that is not queued");
         };
         let tenant = self.arena.entries[index as usize].tenant;
-        if lane == Lane::Boosted {
-            let position = self.arena.links[index as usize].heap_position;
-            self.tenants[usize::from(tenant)].boosted.remove(position, &mut self.arena);
-        }
-        let list = lane_list(&mut self.retry, &mut self.tenants, lane, tenant);
-        self.arena.unlink(list, Via::Lane, index);
         self.lens[lane as usize] -= 1;
         self.get_mut(index).place = Place::Free;
+        if lane == Lane::Retry {
+            self.arena.unlink(&mut self.retry, Via::Lane, index);
+            return lane;
+        }
+        let lanes = lanes_of(&mut self.first, &mut self.others, tenant);
+        if lane == Lane::Boosted {
+            let position = self.arena.links[index as usize].heap_position;
+            lanes.boosted.remove(position, &mut self.arena);
+        }
+        lanes.queued -= 1;
+        self.arena.unlink(&mut lanes.lists[lane as usize - 1], Via::Lane, index);
         lane
     }
 
@@ -708,12 +723,14 @@ impl Queue {
         let Arena { entries, links } = &self.arena;
         let mut lens = [self.retry.len, 0, 0, 0];
         self.check_list(Lane::Retry, None, self.retry, Via::Lane);
-        for (tenant, lanes) in (0u16..).zip(&self.tenants) {
+        for (tenant, lanes) in (0u16..).zip(std::iter::once(&self.first).chain(&self.others)) {
             for lane in [Lane::Forced, Lane::Boosted, Lane::Normal] {
                 let list = lanes.lists[lane as usize - 1];
                 self.check_list(lane, Some(tenant), list, Via::Lane);
                 lens[lane as usize] += list.len;
             }
+            let queued: u32 = lanes.lists.iter().map(|list| list.len).sum();
+            assert_eq!(lanes.queued, queued, "queued count of tenant {tenant}");
             let heap = &lanes.boosted;
             heap.check_invariants(&self.arena, |index| links[index as usize].heap_position);
             let boosted = lanes.lists[Lane::Boosted as usize - 1].len;

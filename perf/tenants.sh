@@ -126,7 +126,8 @@ for line in sys.stdin:
         for t in tokens:
             if f"tenant=\"{t}\"" in m.group(1):
                 tokens[t] += float(m.group(2))
-print(f"{time.time():.1f} {tokens[\"light\"]:.0f} {tokens[\"heavy\"]:.0f}")' >>"$1" || true
+light, heavy = tokens["light"], tokens["heavy"]
+print(f"{time.time():.1f} {light:.0f} {heavy:.0f}")' >>"$1" || true
   done
 }
 

@@ -188,6 +188,16 @@ fn tokens_per_minute_reserves_settles_to_usage_and_refuses_what_cannot_fit() {
         metric(&router, "warmpath_rate_limited_total{tenant=\"a\",limit=\"tokens\"}"),
         Some(2.0)
     );
+    // A tenant without any limit has its tokens counted too (the backend's usage: 5 + 5).
+    assert_eq!(other.exchange(&chat(KEY_B, &body(false, None))).status, 200);
+    assert_eq!(
+        metric(&router, "warmpath_tenant_tokens_total{tenant=\"b\",kind=\"prompt\"}"),
+        Some(5.0)
+    );
+    assert_eq!(
+        metric(&router, "warmpath_tenant_tokens_total{tenant=\"b\",kind=\"completion\"}"),
+        Some(5.0)
+    );
 }
 
 /// A stream settles to its usage event when the client asked for one (here 7 + 3), and to its

@@ -105,6 +105,12 @@ pub struct Reservation {
     units: u64,
 }
 
+impl Reservation {
+    /// What a tenant with no limit holds: nothing charged, so its settlement charges nothing
+    /// either, but the request still settles (its tokens are counted).
+    pub const NONE: Reservation = Reservation { tokens: 0, units: 0 };
+}
+
 /// One GCRA cell.
 #[derive(Debug, Default)]
 struct Cell {

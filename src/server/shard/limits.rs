@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use crate::server::generation::{Generation, NO_TENANT};
 use crate::server::metrics::ShardMetrics;
-use crate::server::rate_limit::{Limit, Limiter, Refusal};
+use crate::server::rate_limit::{Limit, Limiter, Refusal, Reservation};
 
 use super::request::Request;
 
@@ -39,10 +39,14 @@ pub(super) fn reserve(
     let index = req.tenant;
     let Some(tenant) = gen.tenant(index) else { return Ok(()) };
     let (rpm, tpm) = (tenant.config.requests_per_minute, tenant.config.tokens_per_minute);
+    let prompt = (body_len as u64).div_ceil(BYTES_PER_TOKEN);
+    req.prompt_estimate = prompt;
     if rpm == 0 && tpm == 0 {
+        // Nothing to hold, but the request settles when it ends, so that its tokens are
+        // counted (`warmpath_tenant_tokens_total` counts every tenant's).
+        req.reservation = Some(Reservation::NONE);
         return Ok(());
     }
-    let prompt = (body_len as u64).div_ceil(BYTES_PER_TOKEN);
     let completion = match max_tokens {
         Some(n) => u64::from(n),
         None => {
@@ -54,7 +58,6 @@ pub(super) fn reserve(
             }
         }
     };
-    req.prompt_estimate = prompt;
     match limiter.reserve(tenant, index, prompt + completion, now) {
         Ok(reservation) => {
             req.reservation = Some(reservation);

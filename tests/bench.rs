@@ -246,24 +246,29 @@ fn synthetic_sessions_keep_order_and_think_times() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
-/// `--anonymous` (issue [10]): the same turns, in the same order, with no session header, so a
-/// router can only tell a conversation by its prompt.
-#[test]
-fn anonymous_runs_send_no_session_header() {
-    let _shared = shared();
-    let fake = Fake::start();
+/// Small two-turn sessions arriving at 40 a second for `duration`.
+fn two_turn_sessions(duration: Duration, seed: u64) -> Workload {
     let params = MultiTurn {
         rate: 40.0,
-        duration: Duration::from_millis(200),
+        duration,
         turns: 2,
         system_words: 20,
         context_words: 30,
         new_words: 5,
         answer_tokens: 4,
         think_mean: Duration::from_millis(5),
-        seed: 11,
+        seed,
     };
-    let workload = params.workload();
+    params.workload()
+}
+
+/// `--anonymous` (issue [10]): the same turns, in the same order, with no session header, so a
+/// router can only tell a conversation by its prompt.
+#[test]
+fn anonymous_runs_send_no_session_header() {
+    let _shared = shared();
+    let fake = Fake::start();
+    let workload = two_turn_sessions(Duration::from_millis(200), 11);
     let mut opts = options("anonymous");
     opts.anonymous = true;
     let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");
@@ -283,18 +288,7 @@ fn anonymous_runs_send_no_session_header() {
 fn an_api_key_goes_on_every_request() {
     let _shared = shared();
     let fake = Fake::start();
-    let params = MultiTurn {
-        rate: 40.0,
-        duration: Duration::from_millis(150),
-        turns: 2,
-        system_words: 20,
-        context_words: 30,
-        new_words: 5,
-        answer_tokens: 4,
-        think_mean: Duration::from_millis(5),
-        seed: 12,
-    };
-    let workload = params.workload();
+    let workload = two_turn_sessions(Duration::from_millis(150), 12);
     let mut opts = options("keyed");
     opts.api_key = Some("wp_test-key_1".into());
     let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");

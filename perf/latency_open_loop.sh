@@ -129,7 +129,8 @@ alloc_port WARMPATH_ADMIN_PORT
 render() { # TEMPLATE OUT DIR PORT: fill in the @VARS@ of a template in perf/proxy
   sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
     -e "s|@ADMIN_PORT@|$WARMPATH_ADMIN_PORT|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
-    -e "s|@SHARDS@|$SHARDS|g" "$HERE/$1" >"$2"
+    -e "s|@SHARDS@|$SHARDS|g" -e '/The tls scenario/d' -e '/@TLS_PORT@/d' -e '/@TLS_DIR@/d' \
+    "$HERE/$1" >"$2" # no TLS listener here (proxy_compare.sh's tls scenario has one)
 }
 mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/out"
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"

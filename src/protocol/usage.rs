@@ -55,10 +55,11 @@
 //!
 //! # Chunked framing
 //!
-//! Feed it the body's data: what `BodyRelay` decodes from a chunked backend body, not the framing.
-//! Fed bytes with chunked framing in them instead (a backend's chunked body as read, or the
-//! re-chunked body the client gets), the framing lies between pieces of the body: `\r\n`, a
-//! hexadecimal size, `\r\n`, possibly an extension. A piece boundary inside a key leaves the key
+//! The shard feeds it the bytes the client gets (`server::shard::upstream`), which for a chunked
+//! backend body carry chunked framing: the backend's own chunks when the relay passes them
+//! through, the relay's when it re-chunks. Decoded data would be exact; framed bytes are what
+//! is at hand without a second copy, and this is what they cost. The framing lies between
+//! pieces of the body: `\r\n`, a hexadecimal size, `\r\n`, possibly an extension. A piece boundary inside a key leaves the key
 //! unmatched. Inside or just after a number, the number is followed by whitespace and a hexadecimal
 //! digit or letter, never by `,`, `}` or `]`: it is dropped. Between the colon and the number, a
 //! size of decimal digits reads as a number, but whitespace and the real digits follow it, not a

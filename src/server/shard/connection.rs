@@ -235,10 +235,7 @@ impl Client {
                 }
             }
         }
-        if self.wpos == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-        }
+        self.reset_when_flushed();
         written
     }
 }
@@ -251,40 +248,38 @@ impl Client {
         let tls = self.tls.as_mut().expect("a TLS session");
         let mut written = 0;
         loop {
+            let mut took = 0;
             if self.wpos < self.wbuf.len() {
                 match tls.writer().write(&self.wbuf[self.wpos..]) {
-                    Ok(n) => {
-                        self.wpos += n;
-                        written += n as u64;
-                    }
+                    Ok(n) => took = n,
                     Err(_) => {
                         self.gone = true;
                         break;
                     }
                 }
             }
-            if !tls.wants_write() {
+            self.wpos += took;
+            written += took as u64;
+            if send_records(tls, &mut self.stream).is_err() {
+                self.gone = true;
                 break;
             }
-            match tls.write_tls(&mut self.stream) {
-                Ok(0) => {
-                    self.gone = true;
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.gone = true;
-                    break;
-                }
+            // Records left: the socket took no more. None left: go on while plaintext is left
+            // and the session took some of it.
+            if tls.wants_write() || self.wpos == self.wbuf.len() || took == 0 {
+                break;
             }
         }
+        self.reset_when_flushed();
+        written
+    }
+
+    /// Empties the write buffer once all of it has gone out.
+    fn reset_when_flushed(&mut self) {
         if self.wpos == self.wbuf.len() {
             self.wbuf.clear();
             self.wpos = 0;
         }
-        written
     }
 }
 

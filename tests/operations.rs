@@ -363,7 +363,6 @@ fn metrics_count_a_scripted_sequence_exactly() {
 #[test]
 fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
     use std::net::SocketAddr;
-    use std::process::{Command, Stdio};
 
     let backend = Backend::start();
     backend.set_default(Reply::Stream);
@@ -376,23 +375,12 @@ fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
         .server("drain_timeout", "5s")
         .queue("inflight_per_backend", "1");
     std::fs::write(&path, first.toml()).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
-    command.args(["serve", "--config", path.to_str().unwrap()]);
-    command.stdout(Stdio::null()).stderr(Stdio::null());
-    for (variable, _) in warmpath::config::ENV_VARS {
-        command.env_remove(variable);
-    }
-    let mut child = command.spawn().expect("the binary starts");
-    let signal = |name: &str| {
-        let status =
-            Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status();
-        assert!(status.unwrap().success());
-    };
+    let mut child = support::serve_binary(&path);
     let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
     wait_until("the binary to listen", PATIENCE, || std::net::TcpStream::connect(addr).ok());
 
     std::fs::write(&path, first.clone().model("m2", &[backend.address()]).toml()).unwrap();
-    signal("HUP");
+    support::signal(&child, "HUP");
     eventually("the reloaded model is listed", || {
         client::get(addr, "/v1/models").text().contains("\"m2\"")
     });
@@ -408,7 +396,7 @@ fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
     queued.send(&chat_request(M, None, false));
     client::wait_queued(admin, M, 1);
 
-    signal("TERM");
+    support::signal(&child, "TERM");
     queued.response().assert_error(503, "unavailable");
     stream.event("two");
     assert_eq!(streaming.next_event().unwrap().as_deref(), Some("data: two"));

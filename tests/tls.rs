@@ -481,8 +481,6 @@ fn the_printed_configuration_shows_the_tls_table() {
 /// then stops the process with status 0.
 #[test]
 fn the_binary_reloads_the_certificate_on_sighup() {
-    use std::process::{Command, Stdio};
-
     let backend = Backend::start();
     let dir = dir("sighup");
     let (old, new) = (valid(), valid());
@@ -492,18 +490,7 @@ fn the_binary_reloads_the_certificate_on_sighup() {
     let setup = setup(&backend).server("listen", &listen).server("admin_listen", &admin);
     let path = dir.join("warmpath.toml");
     std::fs::write(&path, toml(&setup, &dir)).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
-    command.args(["serve", "--config", path.to_str().unwrap()]);
-    command.stdout(Stdio::null()).stderr(Stdio::null());
-    for (variable, _) in warmpath::config::ENV_VARS {
-        command.env_remove(variable);
-    }
-    let mut child = command.spawn().expect("the binary starts");
-    let signal = |name: &str| {
-        let status =
-            Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status();
-        assert!(status.unwrap().success());
-    };
+    let mut child = support::serve_binary(&path);
     let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
     let both = [&old, &new];
     let config = client_config(&both, &[b"http/1.1"]);
@@ -513,7 +500,7 @@ fn the_binary_reloads_the_certificate_on_sighup() {
     assert_eq!(open.peer_cert(), old.der);
 
     write_pair(&dir, &new.cert_pem, &new.key_pem);
-    signal("HUP");
+    support::signal(&child, "HUP");
     support::wait_until("generation 2", PATIENCE, || {
         (client::get(admin, "/debug/config").json()["generation"] == 2).then_some(())
     });
@@ -523,7 +510,7 @@ fn the_binary_reloads_the_certificate_on_sighup() {
     assert_eq!(open.peer_cert(), old.der);
     drop(open);
 
-    signal("TERM");
+    support::signal(&child, "TERM");
     let status =
         support::wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("wait"));
     assert_eq!(status.code(), Some(0), "{status:?}");

@@ -89,3 +89,23 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
 pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     wait_until(what, PATIENCE, || condition().then_some(()));
 }
+
+/// `warmpath serve --config CONFIG` as a child process: no `WARMPATH_*` variable of the test's
+/// environment reaches it, and its output is dropped.
+pub fn serve_binary(config: &std::path::Path) -> std::process::Child {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warmpath"));
+    command.args(["serve", "--config", config.to_str().expect("a UTF-8 path")]);
+    command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    for (variable, _) in warmpath::config::ENV_VARS {
+        command.env_remove(variable);
+    }
+    command.spawn().expect("the binary starts")
+}
+
+/// Sends signal `name` (`HUP`, `TERM`, ...) to `child`, through kill(1).
+pub fn signal(child: &std::process::Child, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status();
+    assert!(status.expect("kill runs").success(), "kill -{name}");
+}

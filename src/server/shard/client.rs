@@ -2,10 +2,13 @@
 //! requests (parsed by `protocol`), routing them, queueing them with their scheduler, acting on
 //! its decisions, answering, ending requests (S10, S12, S14) and writing their access-log
 //! lines. The room's other files: a connection and its socket I/O (`connection.rs`), the
-//! router's answers as bytes (`answer.rs`), a request's state in its reused slot
+//! router's answers as bytes (`answer.rs`) and `Clients`' methods that write them
+//! (`client/answers.rs`), a request's state in its reused slot
 //! (`request.rs`). What a request does upstream is [`Upstreams`]' business: a call that
 //! reaches it (an admission forwards, a flush resumes a paused relay, a client gone
 //! mid-response closes its upstream connection) takes it as an argument.
+
+mod answers;
 
 use std::borrow::Cow;
 use std::io::{ErrorKind, Write};
@@ -21,18 +24,17 @@ use slab::Slab;
 use crate::clock::Tick;
 use crate::protocol::prompt::PromptHasher;
 use crate::protocol::{
-    parse_request_head, scan_body, write_error, write_protocol_error, BodyFields, ChunkedDecoder,
-    FieldValue, Framing, ProtocolError, RequestHead, Side, Span, Version,
+    parse_request_head, scan_body, write_error, BodyFields, ChunkedDecoder, FieldValue, Framing,
+    RequestHead, Side, Span,
 };
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::tracker::turn_bucket;
 use crate::scheduler::{Arrival, Input, Output, RequestId, Usage};
 use crate::server::access_log::{self, Outcome, ShardLog};
-use crate::server::generation::{Generation, Model, SessionSource, NO_TENANT};
+use crate::server::generation::{Generation, Model, SessionSource};
 use crate::server::metrics::ShardMetrics;
 
-use super::answer::{rejection, write_json, write_router_error, AnswerTo, ErrorAnswer};
-use super::answer::{write_router_error_with, BEARER_CHALLENGE};
+use super::answer::rejection;
 use super::auth;
 use super::connection::{discard_unread, read_away, Client, Phase};
 use super::limits;
@@ -689,137 +691,6 @@ impl Clients {
                 self.router_error(key, rejection(reason), model, upstreams, cx);
             }
         }
-    }
-
-    // ----- answers -----
-
-    /// Writes a router answer, an OpenAI-shaped JSON error counted for `model`, then ends the
-    /// request.
-    pub(super) fn router_error(
-        &mut self,
-        key: usize,
-        answer: ErrorAnswer<'_>,
-        model: Option<u16>,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        let to = self.answer_to(key, cx);
-        write_router_error(&mut self.conns[key].wbuf, answer, to);
-        self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
-    }
-
-    /// Issue [11]: a request its tenant's limits refused: 429 `rate_limit_exceeded` with the
-    /// bucket's `Retry-After`, or 400 `request_too_large` when it could never fit.
-    fn limited(
-        &mut self,
-        key: usize,
-        refusal: crate::server::rate_limit::Refusal,
-        model: u16,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        let slot = self.conns[key].req.expect("a request");
-        let name = cx.gen.tenant_name(self.requests[slot].tenant).unwrap_or("");
-        let (status, code, message, retry_after) = limits::answer(refusal, name);
-        let mut digits = [0u8; 20];
-        let retry_after =
-            retry_after.map(|s| ("Retry-After", crate::protocol::decimal(s, &mut digits)));
-        let to = self.answer_to(key, cx);
-        let answer = (status, code, &*message);
-        write_router_error_with(&mut self.conns[key].wbuf, answer, to, retry_after);
-        self.finish_response(key, status, to.keep_alive, Some(model), upstreams, cx);
-    }
-
-    /// A 401 `invalid_api_key` with `WWW-Authenticate: Bearer` (issue [11]), from the head
-    /// alone: a request with a body closes the connection after it, as its body is not read.
-    fn unauthorized(
-        &mut self,
-        key: usize,
-        error: crate::credential::AuthError,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        let c = &mut self.conns[key];
-        let req = &self.requests[c.req.expect("a request")];
-        c.closing |= req.head.framing != Framing::None;
-        let message = auth::message(error, &req.head, &c.rbuf);
-        let to = self.answer_to(key, cx);
-        let answer = (401, "invalid_api_key", message);
-        write_router_error_with(&mut self.conns[key].wbuf, answer, to, Some(BEARER_CHALLENGE));
-        self.finish_response(key, 401, to.keep_alive, None, upstreams, cx);
-    }
-
-    /// How an answer of the router's own to the request on `key` is framed: its client's
-    /// version, `HEAD` or not, and kept alive unless the request, the connection or the
-    /// shutdown says close.
-    fn answer_to(&self, key: usize, cx: &Cx) -> AnswerTo {
-        let c = &self.conns[key];
-        let req = c.req.map(|slot| &self.requests[slot]);
-        AnswerTo {
-            version: req.map_or(Version::Http11, |r| r.head.version),
-            keep_alive: req.is_some_and(|r| r.keep_alive) && !c.closing && !cx.shutting_down(),
-            head: req.is_some_and(|r| r.is_head(&c.rbuf)),
-        }
-    }
-
-    /// Writes a router answer with `status` and a JSON body, then ends the request.
-    fn respond(
-        &mut self,
-        key: usize,
-        status: u16,
-        body: &[u8],
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        let to = self.answer_to(key, cx);
-        write_json(&mut self.conns[key].wbuf, status, body, to);
-        self.finish_response(key, status, to.keep_alive, None, upstreams, cx);
-    }
-
-    /// A framing error: answer and close (the connection cannot be trusted).
-    fn protocol_error(
-        &mut self,
-        key: usize,
-        e: ProtocolError,
-        model: Option<u16>,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        write_protocol_error(e, &mut self.conns[key].wbuf);
-        self.finish_response(key, e.status(), false, model, upstreams, cx);
-    }
-
-    /// The router's response is in the write buffer: count it and flush it.
-    fn finish_response(
-        &mut self,
-        key: usize,
-        status: u16,
-        keep_alive: bool,
-        model: Option<u16>,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
-        let c = &mut self.conns[key];
-        match model {
-            Some(m) => {
-                let tenant = c.req.map_or(NO_TENANT, |slot| self.requests[slot].tenant);
-                cx.metrics.count_status(m, tenant, status);
-            }
-            None => cx.metrics.count_other_status(status),
-        }
-        match c.req {
-            Some(slot) => {
-                let req = &mut self.requests[slot];
-                req.status = status;
-                req.keep_alive = keep_alive;
-                req.complete = Some(false);
-            }
-            None => c.closing = true,
-        }
-        c.closing |= !keep_alive;
-        c.phase = Phase::Done;
-        self.set_timer(key, None, cx);
-        self.flush(key, upstreams, cx);
     }
 
     /// Writes what the client's buffer holds; ends the request once its response is out, and

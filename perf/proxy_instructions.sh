@@ -18,7 +18,8 @@
 #
 # Usage: perf/proxy_instructions.sh BINARY...
 # Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=10 WARMUP=200
-#   BASE_PORT=18300 EVENT_GAP_MS=0. Needs valgrind, wrk and nginx with the echo module (as proxy_compare.sh).
+#   BASE_PORT=18300 EVENT_GAP_MS=0 KEEP_DIR= (when set, each binary's callgrind output of the
+#   run with wrk is kept there, for callgrind_annotate). Needs valgrind, wrk and nginx with the echo module (as proxy_compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -30,6 +31,7 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-200}
 BASE_PORT=${BASE_PORT:-18300}
 EVENT_GAP_MS=${EVENT_GAP_MS:-0}
+KEEP_DIR=${KEEP_DIR:-}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
 (($# > 0)) || { sed -n '2,22p' "$0" >&2; exit 2; }
 for tool in valgrind wrk nginx curl; do
@@ -103,6 +105,10 @@ run_once() { # BINARY WITH_WRK -> "instructions answered"
   wait "$pid" 2>/dev/null || true
   ir=$(awk '/^(summary|totals):/ { print $2; exit }' "$out")
   [[ -n $ir ]] || { echo "no callgrind totals for $bin" >&2; exit 1; }
+  if ((with_wrk)) && [[ -n $KEEP_DIR ]]; then
+    mkdir -p "$KEEP_DIR"
+    cp "$out" "$KEEP_DIR/callgrind.$SCENARIO.$(basename "$bin")"
+  fi
   echo "$ir $n"
 }
 

@@ -309,6 +309,52 @@ fn swar_test_finds_the_first_special_byte() {
     }
 }
 
+#[test]
+fn sixteen_byte_skip_finds_the_first_special_byte() {
+    let special = |b: u8| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
+    for b in 0..=0xffu8 {
+        for other in [b'a', b'"', 0x00, 0x1f, 0xff, b'\\'] {
+            for at in 0..40 {
+                let mut buf = [b'a'; 40];
+                buf[at] = b;
+                for slot in buf.iter_mut().skip(at + 1).step_by(5) {
+                    *slot = other;
+                }
+                for start in [0, 1, 7, 15] {
+                    let (pos, found) = skip_plain(&buf, start);
+                    let first = buf[start..].iter().position(|&w| special(w)).map(|i| i + start);
+                    match found {
+                        true => assert_eq!(Some(pos), first, "{buf:x?} from {start}"),
+                        // Stopped short: nothing special before it, fewer than 16 bytes after.
+                        false => {
+                            assert!(first.is_none_or(|first| first >= pos), "{buf:x?}");
+                            assert!(pos >= start && (pos == start || buf.len() - pos < 16));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A string's special bytes at every offset around the 16- and 8-byte steps: the scan agrees
+/// with serde_json on each.
+#[test]
+fn strings_with_a_special_byte_at_every_offset_agree_with_serde_json() {
+    for len in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 47] {
+        for at in 0..len {
+            for b in [b'"', b'\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xff] {
+                let mut text = vec![b'a'; len];
+                text[at] = b;
+                let mut body = br#"{"model":"m","x":""#.to_vec();
+                body.extend_from_slice(&text);
+                body.extend_from_slice(br#""}"#);
+                check_model_field(&body);
+            }
+        }
+    }
+}
+
 /// The top-level fields of `body` named `names`, as [`scan_body`] records them.
 fn fields_of(body: &str, names: &[&str]) -> Vec<Option<String>> {
     let names: Vec<Box<[u8]>> = names.iter().map(|n| n.as_bytes().into()).collect();

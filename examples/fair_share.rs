@@ -7,7 +7,9 @@
 //! 1. *A heavy neighbour*: tenant 1 sends one session in 101, tenant 2 the other 100 (100x the
 //!    rate), weights 1:1, at LOAD of the two engines' capacity for the whole trace. Tenant 1's
 //!    TTFT p50 and p90 with the neighbour against its solo run (its sessions alone, same
-//!    offsets), and through one queue for both (no tenants configured).
+//!    offsets), and through one queue for both (no tenants configured); then where its time
+//!    goes: its queue wait in the router, the rest of its TTFT (the engine's), and its
+//!    prefix-cache hit rate, solo and beside the neighbour.
 //! 2. *Boost within tenants*: the follow-up TTFT p50 gain of session-boost over fifo for the
 //!    whole trace as one tenant, against the gain within each of two tenants of weights 3:1
 //!    (sessions split 3:1).
@@ -87,6 +89,26 @@ fn load_workload(trace_name: &str, engines: &[EngineParams], load: f64) -> Workl
     workload
 }
 
+/// The `p`th percentile of `tenant`'s TTFT less its queue wait: the engine's part (with the
+/// network's few milliseconds).
+fn engine_time(report: &FleetReport, tenant: u16, p: f64) -> f64 {
+    let mut v: Vec<f64> = (report.outcomes.iter())
+        .filter(|o| o.tenant == tenant)
+        .filter_map(|o| o.ttft.map(|ttft| ttft - o.queued))
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 * p / 100.0) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// `tenant`'s prompt tokens the engines found cached over its prompt tokens.
+fn hit_rate(report: &FleetReport, tenant: u16) -> f64 {
+    let (cached, prompt) = (report.outcomes.iter().filter(|o| o.tenant == tenant))
+        .fold((0, 0), |(c, p), o| (c + u64::from(o.cached_tokens), p + u64::from(o.prompt_tokens)));
+    cached as f64 / prompt.max(1) as f64
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [trace_name, profile, load, rest @ ..] = &args[..] else {
@@ -126,6 +148,18 @@ fn main() {
         ms(a90),
         ms(m90),
         ms(mixed.ttft_of(Some(2), None, 50.0)),
+    );
+
+    println!(
+        "  where the light tenant's time goes: queue wait p50 solo {} ms, beside {} ms; TTFT minus \
+         queue wait p50 solo {} ms, beside {} ms; its prefix-cache hit rate solo {:.1} %, beside \
+         {:.1} %",
+        ms(alone.queued_of(Some(1), 50.0)),
+        ms(mixed.queued_of(Some(1), 50.0)),
+        ms(engine_time(&alone, 1, 50.0)),
+        ms(engine_time(&mixed, 1, 50.0)),
+        hit_rate(&alone, 1) * 100.0,
+        hit_rate(&mixed, 1) * 100.0,
     );
 
     // 2. Boost within tenants.

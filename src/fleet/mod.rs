@@ -89,6 +89,8 @@ pub struct Outcome {
     pub backend: u16,
     /// Its session's tenant (issue \[11\]).
     pub tenant: u16,
+    /// Send to admission (to the peer's routing decision), seconds: the router's queue wait.
+    pub queued: f64,
 }
 
 /// The result of a run.
@@ -133,6 +135,16 @@ impl FleetReport {
             .filter(|o| tenant.is_none_or(|t| o.tenant == t))
             .filter(|o| follow_up.is_none_or(|f| o.follow_up == f))
             .filter_map(|o| o.ttft)
+            .collect();
+        percentile(&mut v, p)
+    }
+
+    /// The `p`th percentile of [`Outcome::queued`] of the answered requests of `tenant` (`None`:
+    /// all tenants).
+    pub fn queued_of(&self, tenant: Option<u16>, p: f64) -> f64 {
+        let mut v: Vec<f64> = (self.outcomes.iter())
+            .filter(|o| o.ttft.is_some() && tenant.is_none_or(|t| o.tenant == t))
+            .map(|o| o.queued)
             .collect();
         percentile(&mut v, p)
     }
@@ -184,8 +196,9 @@ struct Req {
     prompt_tokens: u32,
     cached_tokens: u32,
     failed: bool,
-    /// Bound to a backend (by the scheduler or the peer).
+    /// Bound to a backend (by the scheduler or the peer), and when.
     admitted: bool,
+    admitted_at: u64,
     /// What the response's `usage` says (the engine's count).
     usage: Usage,
     /// Engine time of its first token, and the mean time between its tokens after it.
@@ -287,6 +300,7 @@ impl<'a> Fleet<'a> {
                     cached_tokens: 0,
                     failed: false,
                     admitted: false,
+                    admitted_at: 0,
                     usage: Usage::NONE,
                     first_token_at: 0,
                     gap: 0,
@@ -372,6 +386,7 @@ impl<'a> Fleet<'a> {
                 cached_tokens: r.cached_tokens,
                 backend: r.backend,
                 tenant: self.spec.session_tenants.get(r.session as usize).copied().unwrap_or(0),
+                queued: secs(r.admitted_at.saturating_sub(r.sent)),
             })
             .collect();
         FleetReport {
@@ -414,6 +429,7 @@ impl<'a> Fleet<'a> {
             let backend = self.peer.as_mut().expect("a peer").route(&messages);
             self.reqs[r as usize].backend = backend;
             self.reqs[r as usize].admitted = true;
+            self.reqs[r as usize].admitted_at = self.now;
             self.push(self.now + self.spec.net_ns, Event::Submit(r));
             return;
         }
@@ -457,6 +473,7 @@ impl<'a> Fleet<'a> {
                     let r = id.0 as u32;
                     self.reqs[r as usize].backend = backend;
                     self.reqs[r as usize].admitted = true;
+                    self.reqs[r as usize].admitted_at = self.now;
                     self.push(self.now + self.spec.net_ns, Event::Submit(r));
                 }
                 Output::Reject { id, .. } => {

@@ -42,6 +42,9 @@
 #   PEAK_CONNS=32 PEAK_DURATION=5 TARGETS="direct warmpath nginx haproxy"
 #   WARMPATH=target/release/warmpath (the generator, and the router unless ROUTER is set)
 #   ROUTER=$WARMPATH (the warmpath binary measured) SHARDS=1 BASE_PORT=18300 KEEP_TMP=0
+#   ROUTER_B=$ROUTER ROUTER_B_ARGS= (a second warmpath target `warmpath-b`, add it to TARGETS:
+#   the binary ROUTER_B serving the same configuration with the extra arguments ROUTER_B_ARGS,
+#   e.g. "--set server.busy_poll=50us": two builds or two settings side by side in one run)
 # Needs wrk, nginx, its echo module (libnginx-mod-http-echo), haproxy, curl and python3;
 # installs what is missing with apt-get when run as root. Everything listens on 127.0.0.1
 # only; every process it starts is stopped on exit. Defaults take about 2 minutes.
@@ -64,6 +67,8 @@ PEAK_DURATION=${PEAK_DURATION:-5}
 TARGETS=${TARGETS:-direct warmpath nginx haproxy}
 WARMPATH=${WARMPATH:-target/release/warmpath}
 ROUTER=${ROUTER:-$WARMPATH}
+ROUTER_B=${ROUTER_B:-$ROUTER}
+ROUTER_B_ARGS=${ROUTER_B_ARGS:-}
 SHARDS=${SHARDS:-1}
 BASE_PORT=${BASE_PORT:-18300}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -125,18 +130,22 @@ alloc_port NGINX_PORT
 alloc_port HAPROXY_PORT
 alloc_port WARMPATH_PORT
 alloc_port WARMPATH_ADMIN_PORT
+alloc_port WARMPATH_B_PORT
+alloc_port WARMPATH_B_ADMIN_PORT
 
-render() { # TEMPLATE OUT DIR PORT: fill in the @VARS@ of a template in perf/proxy
+render() { # TEMPLATE OUT DIR PORT [ADMIN_PORT]: fill in the @VARS@ of a template in perf/proxy
   sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
-    -e "s|@ADMIN_PORT@|$WARMPATH_ADMIN_PORT|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
+    -e "s|@ADMIN_PORT@|${5:-$WARMPATH_ADMIN_PORT}|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
     -e "s|@SHARDS@|$SHARDS|g" -e '/The tls scenario/d' -e '/@TLS_PORT@/d' -e '/@TLS_DIR@/d' \
     "$HERE/$1" >"$2" # no TLS listener here (proxy_compare.sh's tls scenario has one)
 }
-mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/out"
+mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/warmpath-b" "$TMP/out"
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
 render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
 render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$WARMPATH_PORT"
+render warmpath.toml "$TMP/warmpath-b/warmpath.toml" "$TMP/warmpath-b" "$WARMPATH_B_PORT" \
+  "$WARMPATH_B_ADMIN_PORT"
 : >"$TMP/backend/sse.conf" # the backend's stream location is not used here
 # The small request, byte for byte proxy_compare.sh's (and `bench --body small --model bench-model`).
 SMALL_BODY='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
@@ -158,7 +167,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
   fi
 }
 PORT[backend]=$BACKEND_PORT PORT[direct]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT
-PORT[haproxy]=$HAPROXY_PORT PORT[warmpath]=$WARMPATH_PORT
+PORT[haproxy]=$HAPROXY_PORT PORT[warmpath]=$WARMPATH_PORT PORT[warmpath-b]=$WARMPATH_B_PORT
 start backend /health "${PIN_LOAD[@]}" -- \
   nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" ||
   die "the backend did not start"
@@ -174,6 +183,10 @@ for target in $TARGETS; do
       die "haproxy did not start" ;;
     warmpath) start warmpath /readyz "${PIN_PROXY[@]}" -- \
       "$ROUTER" serve --config "$TMP/warmpath/warmpath.toml" || die "warmpath did not start" ;;
+    warmpath-b)
+      read -ra b_args <<<"$ROUTER_B_ARGS"
+      start warmpath-b /readyz "${PIN_PROXY[@]}" -- "$ROUTER_B" serve \
+        --config "$TMP/warmpath-b/warmpath.toml" "${b_args[@]}" || die "warmpath-b did not start" ;;
     *) die "unknown target $target" ;;
   esac
   active+=("$target")
@@ -261,6 +274,9 @@ Rate: $RATE req/s$([[ -n $PEAK ]] && echo ", half of warmpath's peak of $PEAK re
 EOF
 if [[ -n ${PID[warmpath]:-} ]]; then
   echo "warmpath: $ROUTER built $(date -u -r "$ROUTER" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$ROUTER" | cut -c1-12); $SHARDS shard(s)."
+fi
+if [[ -n ${PID[warmpath-b]:-} ]]; then
+  echo "warmpath-b: $ROUTER_B built $(date -u -r "$ROUTER_B" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$ROUTER_B" | cut -c1-12); arguments: ${ROUTER_B_ARGS:-none}; $SHARDS shard(s)."
 fi
 echo
 python3 - "$RESULTS" "$CLK_TCK" "${active[*]}" <<'PY'

@@ -58,7 +58,8 @@
 #   SHARDS=1 (warmpath's server.shards; with 2, run PIN=0: one core cannot show two shards)
 #   WARMPATH_B, WARMPATH_B_ENV: a second warmpath target `warmpath-b` (add it to TARGETS), the
 #   binary WARMPATH_B (default WARMPATH) with the environment assignments WARMPATH_B_ENV (e.g.
-#   "WARMPATH_X=1"), the same configuration: two builds or two settings side by side in one run
+#   "WARMPATH_X=1") and the extra serve arguments WARMPATH_B_ARGS (e.g. "--set
+#   server.busy_poll=50us"), the same configuration: two builds or two settings side by side
 # Needs wrk, nginx, its echo module (libnginx-mod-http-echo), haproxy and openssl; installs what is
 # missing with apt-get when run as root. Everything listens on 127.0.0.1 only, every process it
 # starts is stopped on exit. Defaults take about 5 minutes. Progress goes to stderr, the
@@ -82,6 +83,7 @@ KEEP_TMP=${KEEP_TMP:-0}
 SHARDS=${SHARDS:-1}
 WARMPATH_B=${WARMPATH_B:-$WARMPATH}
 WARMPATH_B_ENV=${WARMPATH_B_ENV:-}
+WARMPATH_B_ARGS=${WARMPATH_B_ARGS:-}
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -284,8 +286,9 @@ for target in $TARGETS; do
       ;;
     warmpath-b)
       read -ra b_env <<<"$WARMPATH_B_ENV"
-      if start warmpath-b /readyz "${PIN_PROXY[@]}" -- \
-        env "${b_env[@]}" "$WARMPATH_B" serve --config "$TMP/warmpath-b/warmpath.toml"; then
+      read -ra b_args <<<"$WARMPATH_B_ARGS"
+      if start warmpath-b /readyz "${PIN_PROXY[@]}" -- env "${b_env[@]}" "$WARMPATH_B" serve \
+        --config "$TMP/warmpath-b/warmpath.toml" "${b_args[@]}"; then
         active+=(warmpath-b)
       else
         log "skipping warmpath-b: it did not become ready (/readyz) within 10 s"
@@ -405,7 +408,7 @@ if [[ -n ${CPU_PIDS[warmpath]:-} ]]; then
   echo "warmpath: $WARMPATH built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH" | cut -c1-12); $SHARDS shard(s)."
 fi
 if [[ -n ${CPU_PIDS[warmpath-b]:-} ]]; then
-  echo "warmpath-b: $WARMPATH_B built $(date -u -r "$WARMPATH_B" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH_B" | cut -c1-12); environment: ${WARMPATH_B_ENV:-none}; $SHARDS shard(s)."
+  echo "warmpath-b: $WARMPATH_B built $(date -u -r "$WARMPATH_B" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH_B" | cut -c1-12); environment: ${WARMPATH_B_ENV:-none}; arguments: ${WARMPATH_B_ARGS:-none}; $SHARDS shard(s)."
 fi
 for key in "${!EXCLUDED[@]}"; do echo "Excluded ${key#*.} from ${key%%.*}: ${EXCLUDED[$key]}."; done
 echo

@@ -366,6 +366,10 @@ fn bad_file_values_name_the_key_and_value() {
             "queue.strategy = \"lifo\": expected one of session-boost, fifo",
         ),
         ("[upstream]\nheader_timeout = \"1x\"\n", "upstream.header_timeout = \"1x\": unknown unit"),
+        (
+            "[server]\nbusy_poll = \"2ms\"\n",
+            "server.busy_poll = \"2ms\": must be at most \"1ms\" (it spins a core)",
+        ),
     ];
     for (prefix, expected) in cases {
         let message = error_of(&format!("{prefix}{MINIMAL}"));

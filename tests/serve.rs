@@ -259,6 +259,41 @@ fn a_request_queued_past_the_queue_timeout_gets_504() {
     client::wait_idle(router.admin, M);
 }
 
+/// With `server.busy_poll` a shard spins before it sleeps: a stream's events still reach the
+/// client one at a time, and a queued request's deadline still fires (the spin ends at the
+/// loop's timeout, not later).
+#[test]
+fn a_busy_polling_shard_relays_events_and_fires_deadlines() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let router = setup(&[&backend])
+        .server("busy_poll", "500us")
+        .queue("inflight_per_backend", "1")
+        .queue("timeout", "200ms")
+        .start();
+    let mut conn = Conn::open(router.addr);
+    conn.send(&chat_request(M, Some("s"), true));
+    let stream = backend.next_stream();
+    for i in 0..4 {
+        let data = format!("{{\"i\":{i}}}");
+        stream.event(&data);
+        if i == 0 {
+            assert_eq!(conn.read_head().expect("response head").status, 200);
+        }
+        assert_eq!(conn.next_event().unwrap(), Some(format!("data: {data}")), "event {i}");
+    }
+    let start = now();
+    let response = client::exchange(router.addr, &chat_request(M, Some("late"), false));
+    response.assert_error(504, "queue_timeout");
+    let waited = since(start);
+    assert!(waited >= Duration::from_millis(190), "answered after {waited:?}");
+    assert!(waited < Duration::from_secs(3), "answered after {waited:?}");
+    stream.done();
+    assert_eq!(conn.next_event().unwrap().as_deref(), Some("data: [DONE]"));
+    assert_eq!(conn.next_event().unwrap(), None, "the body ends cleanly");
+    client::wait_idle(router.admin, M);
+}
+
 #[test]
 fn a_request_beyond_max_queued_gets_429() {
     let backend = Backend::start();

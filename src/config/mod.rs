@@ -105,6 +105,9 @@ pub struct ServerConfig {
     pub shards: u32,
     /// Pin each shard to its own core.
     pub pin_cores: bool,
+    /// Issue [12]: before blocking in `epoll_wait`, a shard polls without blocking for up to this
+    /// long (`0` = never; it blocks at once).
+    pub busy_poll: Duration,
     /// Open client connections, across all shards.
     pub max_connections: u32,
     /// Largest request head (request line and headers); over it: 431.
@@ -375,6 +378,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 9090)),
             shards: 0,
             pin_cores: true,
+            busy_poll: Duration::ZERO,
             max_connections: 65_536,
             max_header_bytes: 16_384,
             max_body_bytes: 16_777_216,

@@ -70,6 +70,7 @@ fn server(out: &mut String, server: &ServerConfig) {
     line(out, "admin_listen", string(&server.admin_listen.to_string()));
     line(out, "shards", server.shards);
     line(out, "pin_cores", server.pin_cores);
+    line(out, "busy_poll", duration(server.busy_poll));
     line(out, "max_connections", server.max_connections);
     line(out, "max_header_bytes", server.max_header_bytes);
     line(out, "max_body_bytes", server.max_body_bytes);

@@ -21,6 +21,8 @@ pub(crate) const BACKENDS_MAX: usize = 65_535;
 pub(crate) const QUEUED_MAX: u32 = 16_777_216;
 /// Most event-loop shards.
 pub(crate) const SHARDS_MAX: u32 = 1_024;
+/// Longest `server.busy_poll`: a shard spins its core that long before each sleep.
+pub(crate) const BUSY_POLL_MAX: Duration = Duration::from_millis(1);
 /// Most `[[tenant]]` tables (tenant indices are 16-bit, and a live reload keeps removed ones).
 pub(crate) const TENANTS_MAX: usize = 4_096;
 /// Most API keys per tenant (two are enough to rotate one).
@@ -111,6 +113,10 @@ fn server(server: &ServerConfig) -> Check {
         return Err(invalid(s, "admin_listen", shown, "must differ from server.listen"));
     }
     range(s, "shards", server.shards, 0, SHARDS_MAX)?;
+    if server.busy_poll > BUSY_POLL_MAX {
+        let shown = shown_duration(server.busy_poll);
+        return Err(invalid(s, "busy_poll", shown, "must be at most \"1ms\" (it spins a core)"));
+    }
     range(s, "max_connections", server.max_connections, 1, QUEUED_MAX)?;
     range(s, "max_header_bytes", server.max_header_bytes, 1_024, 1_048_576)?;
     range(s, "max_body_bytes", server.max_body_bytes, 1, u64::MAX)?;

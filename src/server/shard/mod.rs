@@ -45,7 +45,7 @@
 use std::io::{self, ErrorKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::event::Event;
 use mio::net::TcpListener;
@@ -356,7 +356,7 @@ impl Shard {
             // Announce sleep on every ring this loop consumes; any non-empty one means no sleep.
             let sleep = self.ring.prepare_sleep() & self.hosted.prepare_sleep();
             let timeout = if sleep { timeout } else { Some(Duration::ZERO) };
-            let polled = self.poll.poll(&mut events, timeout);
+            let polled = self.poll_events(&mut events, timeout);
             self.ring.woke();
             self.hosted.woke();
             if let Err(e) = polled {
@@ -383,6 +383,31 @@ impl Shard {
                 self.inputs.wake(&self.gen);
                 return Ok(());
             }
+        }
+    }
+
+    /// Waits for readiness events up to `timeout`. With `server.busy_poll` set and a wait ahead,
+    /// it first polls without blocking for up to that long (real time), so that an event which
+    /// comes soon is taken without the sleep and the wake-up; the rings' wakers are eventfds
+    /// registered with the poll, so a message pushed during the spin ends it too.
+    fn poll_events(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
+        let spin = self.gen.config.server.busy_poll;
+        if spin.is_zero() || timeout == Some(Duration::ZERO) {
+            return self.poll.poll(events, timeout);
+        }
+        let spin = timeout.map_or(spin, |timeout| spin.min(timeout));
+        let start = Instant::now();
+        loop {
+            self.poll.poll(events, Some(Duration::ZERO))?;
+            if !events.is_empty() {
+                return Ok(());
+            }
+            let spent = start.elapsed();
+            if spent >= spin {
+                let rest = timeout.map(|timeout| timeout.saturating_sub(spent));
+                return self.poll.poll(events, rest);
+            }
+            std::hint::spin_loop();
         }
     }
 

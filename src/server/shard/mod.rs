@@ -45,7 +45,7 @@
 use std::io::{self, ErrorKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mio::event::Event;
 use mio::net::TcpListener;
@@ -88,6 +88,8 @@ const CLIENT_HIGH_WATER: usize = 256 << 10;
 const TIMER_TICK: Duration = Duration::from_millis(5);
 /// How often the loop retries inputs that did not fit a full scheduler inbox.
 const BACKLOG_TICK: Duration = Duration::from_micros(200);
+/// `server.busy_poll`: at most one non-blocking poll per this many nanoseconds of the spin.
+const SPIN_POLL_NS: u128 = 100;
 
 /// What a shard thread starts with.
 #[derive(Debug)]
@@ -387,28 +389,30 @@ impl Shard {
     }
 
     /// Waits for readiness events up to `timeout`. With `server.busy_poll` set and a wait ahead,
-    /// it first polls without blocking for up to that long (real time), so that an event which
-    /// comes soon is taken without the sleep and the wake-up; the rings' wakers are eventfds
-    /// registered with the poll, so a message pushed during the spin ends it too.
+    /// it first polls without blocking for up to that long, so that an event which comes soon
+    /// is taken without the sleep and the wake-up; the rings' wakers are eventfds registered
+    /// with the poll, so a message pushed during the spin ends it too. The spin is timed on the
+    /// shard's clock and also ends after one poll per [`SPIN_POLL_NS`] of it (each poll is a
+    /// system call, longer than that), so a clock that does not move cannot hold it.
     fn poll_events(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
         let spin = self.gen.config.server.busy_poll;
         if spin.is_zero() || timeout == Some(Duration::ZERO) {
             return self.poll.poll(events, timeout);
         }
         let spin = timeout.map_or(spin, |timeout| spin.min(timeout));
-        let start = Instant::now();
-        loop {
+        let (start, end) = (self.clock.now(), self.rate.ticks(spin));
+        for _ in 0..spin.as_nanos() / SPIN_POLL_NS {
             self.poll.poll(events, Some(Duration::ZERO))?;
-            if !events.is_empty() {
-                return Ok(());
-            }
-            let spent = start.elapsed();
-            if spent >= spin {
-                let rest = timeout.map(|timeout| timeout.saturating_sub(spent));
-                return self.poll.poll(events, rest);
+            if !events.is_empty() || self.clock.now().saturating_sub(start) >= end {
+                break;
             }
             std::hint::spin_loop();
         }
+        if !events.is_empty() {
+            return Ok(());
+        }
+        let spent = self.rate.duration(self.clock.now().saturating_sub(start));
+        self.poll.poll(events, timeout.map(|timeout| timeout.saturating_sub(spent)))
     }
 
     /// One readiness event: the listener's, the waker's, or a connection's (for its room).

@@ -1,0 +1,169 @@
+//! S16's prefix-cost placement in the reference model: the matched length of a prompt, its
+//! uncached tokens, work in the fastest backend's time, the placement scan, and the index's
+//! learned size (its calibration periods and the rebuild). Restated as [`super`]'s module doc
+//! says: linear-scan trackers, costs recomputed from scratch.
+
+use crate::clock::Tick;
+
+use super::super::estimate;
+use super::super::placement::{CACHE_WEIGHT, INDEX_BLOCKS_MAX};
+use super::super::tracker::reference::SessionTracker;
+use super::super::{IndexSize, Lane, Routing};
+use super::{Queued, Reference, NONE};
+
+impl Reference {
+    /// Closes `backend`'s calibration period if it holds enough tokens; whether the index
+    /// scale changed.
+    pub(super) fn calibrate(&mut self, backend: u16) -> bool {
+        let l = &mut self.learned[usize::from(backend)];
+        let (tokens, predicted, engine, from_usage) = l.period;
+        if tokens < estimate::CALIBRATION_TOKENS {
+            return false;
+        }
+        l.period = (0, 0, 0, false);
+        if !(from_usage || l.counter_seen) {
+            return false;
+        }
+        let old = l.index_scale;
+        let slack = tokens / 100;
+        if predicted > engine + engine / 2 + slack {
+            l.index_scale = (old - old / 4).max(estimate::INDEX_SCALE_MIN);
+        } else if predicted + predicted / 4 + slack < engine {
+            l.index_scale = (old + old.div_ceil(4)).min(estimate::INDEX_SCALE_MAX);
+        }
+        l.index_scale != old
+    }
+
+    /// Rebuilds `backend`'s index at its learned size (auto-sized prefix-cost only).
+    pub(super) fn resize_index(&mut self, backend: u16) {
+        let IndexSize::Auto { default_blocks } = self.p.prefix.index_blocks else { return };
+        if self.p.routing != Routing::PrefixCost {
+            return;
+        }
+        let b = usize::from(backend);
+        let l = &self.learned[b];
+        let nominal = match l.capacity {
+            0 => u64::from(default_blocks),
+            tokens => tokens.div_ceil(self.tokens_of(u64::from(self.p.prefix.block_bytes)).max(1)),
+        };
+        let target = (nominal * u64::from(l.index_scale) / 4).clamp(1, INDEX_BLOCKS_MAX);
+        let current = self.index_capacity[b] as u64;
+        if target.abs_diff(current) * 8 > current {
+            let mut rebuilt = SessionTracker::with_capacity(target as usize);
+            self.indexes[b].for_each_from_hand(|hash, at| rebuilt.complete(hash, at, 0));
+            self.indexes[b] = rebuilt;
+            self.index_capacity[b] = target as usize;
+        }
+    }
+
+    /// The binary search of `PrefixIndex::matched`, over the reference tracker.
+    pub(super) fn matched(&self, backend: u16, blocks: &[u64]) -> usize {
+        let index = &self.indexes[usize::from(backend)];
+        let (mut low, mut high) = (0, blocks.len());
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            if index.lookup(blocks[mid - 1]).is_some() {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        low
+    }
+
+    pub(super) fn uncached(&self, request: &Queued, backend: u16) -> u64 {
+        let matched = self.matched(backend, &request.blocks) as u64;
+        let bytes = (matched * u64::from(self.p.prefix.block_bytes)).min(u64::from(u32::MAX));
+        let cached = self.tokens_of(bytes);
+        self.tokens_of(u64::from(request.prompt_bytes)).saturating_sub(cached)
+    }
+
+    /// `work` tokens on `backend` in tokens of the fastest backend's time.
+    pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
+        let mut fastest = (0, 0);
+        for b in 0..self.p.backends {
+            let r = self.rate(b);
+            if r.0 > 0
+                && (fastest.0 == 0
+                    || u128::from(r.0) * u128::from(fastest.1)
+                        > u128::from(fastest.0) * u128::from(r.1))
+            {
+                fastest = r;
+            }
+        }
+        let rate = self.rate(backend);
+        if rate.0 == 0 || fastest.0 == 0 {
+            return work;
+        }
+        let scaled = u128::from(work) * u128::from(fastest.0) * u128::from(rate.1)
+            / (u128::from(fastest.1) * u128::from(rate.0));
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+
+    /// S16: the first request of the scan that can be placed, and where.
+    pub(super) fn place(&mut self, now: Tick, head: Option<u16>) -> Option<(usize, u16)> {
+        let scan = (self.p.prefix.scan_max as usize).max(1);
+        let mut earliest: Option<Tick> = None;
+        for index in self.in_order(head, scan) {
+            let request = &self.queued[index];
+            let home = request.home;
+            if request.blocks.is_empty()
+                && home != NONE
+                && home != request.avoid
+                && self.eligible(home, now)
+            {
+                return Some((index, home));
+            }
+            let cost = |b: u16| {
+                self.at_fastest(self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b), b)
+            };
+            let best = |filter: &dyn Fn(u16) -> bool| {
+                (0..self.p.backends)
+                    .filter(|&b| filter(b))
+                    .min_by_key(|&b| (cost(b), self.backend_inflight(b)))
+            };
+            let avoid = request.avoid;
+            let Some(cheapest) =
+                best(&|b| self.usable(b) && b != avoid).or_else(|| best(&|b| self.usable(b)))
+            else {
+                continue;
+            };
+            let eligible = |b: u16| self.eligible(b, now);
+            let Some(taken) = best(&|b| eligible(b) && b != avoid).or_else(|| best(&eligible))
+            else {
+                continue;
+            };
+            if taken == cheapest || matches!(request.lane, Lane::Retry | Lane::Forced) {
+                return Some((index, taken));
+            }
+            let lost =
+                self.uncached(request, taken).saturating_sub(self.uncached(request, cheapest));
+            if lost <= self.p.prefix.slack_tokens {
+                return Some((index, taken));
+            }
+            let wait = match self.rate(taken) {
+                (0, _) => self.p.prefix.wait_max,
+                (tokens, ticks) => {
+                    let t =
+                        u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    u64::try_from(t).unwrap_or(u64::MAX).min(self.p.prefix.wait_max)
+                }
+            };
+            if now.saturating_sub(request.arrived_at) >= wait {
+                return Some((index, taken));
+            }
+            let ends = request.arrived_at.saturating_add(wait);
+            earliest = Some(earliest.map_or(ends, |e| e.min(ends)));
+            if !request.placement_waited {
+                self.queued[index].placement_waited = true;
+                self.stats.placement_waits += 1;
+            }
+        }
+        if let Some(at) = earliest {
+            if self.placement_deadline.is_none_or(|armed| armed > at) {
+                self.placement_deadline = Some(at);
+            }
+        }
+        None
+    }
+}

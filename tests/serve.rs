@@ -487,7 +487,10 @@ fn a_backend_with_waiting_requests_gets_nothing_until_its_gauge_is_zero() {
     let backend = Backend::start();
     backend.set_waiting(2);
     let router = setup(&[&backend]).model_key("engine", "vllm").start();
-    eventually("two scrapes", || backend.scrapes() >= 2);
+    // The scheduler's own view of the gauge, not the backend's count of scrapes: a scrape is
+    // answered before its snapshot reaches the scheduler, and a request that arrived in between
+    // was admitted (the flake this replaced, seen under load).
+    client::wait_metric(router.admin, "warmpath_backend_waiting", &[("model", M)], |n| n == 2.0);
     let mut conn = Conn::open(router.addr);
     conn.send(&chat_request(M, Some("s"), false));
     client::wait_queued(router.admin, M, 1);

@@ -289,17 +289,31 @@ fn utf8_sequences_match_std() {
     }
 }
 
+/// Whether the string scan must look at byte `b`: a quote, a backslash, a control character
+/// or a byte of a UTF-8 sequence.
+fn special(b: u8) -> bool {
+    b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b)
+}
+
+/// `N` bytes of `a` with `b` at `at` and `other` every `step` bytes after it: every special byte
+/// at every offset, with more of them (or none) behind it.
+fn planted<const N: usize>(b: u8, other: u8, at: usize, step: usize) -> [u8; N] {
+    let mut buf = [b'a'; N];
+    buf[at] = b;
+    for slot in buf.iter_mut().skip(at + 1).step_by(step) {
+        *slot = other;
+    }
+    buf
+}
+
+const OTHERS: [u8; 6] = [b'a', b'"', 0x00, 0x1f, 0xff, b'\\'];
+
 #[test]
 fn swar_test_finds_the_first_special_byte() {
-    let special = |b: u8| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
     for b in 0..=0xffu8 {
-        for other in [b'a', b'"', 0x00, 0x1f, 0xff, b'\\'] {
+        for other in OTHERS {
             for at in 0..8 {
-                let mut word = [b'a'; 8];
-                word[at] = b;
-                for slot in word.iter_mut().skip(at + 1).step_by(3) {
-                    *slot = other;
-                }
+                let word: [u8; 8] = planted(b, other, at, 3);
                 let first = word.iter().position(|&w| special(w));
                 let mask = attention(u64::from_le_bytes(word));
                 let found = (mask != 0).then(|| (mask.trailing_zeros() / 8) as usize);
@@ -311,15 +325,10 @@ fn swar_test_finds_the_first_special_byte() {
 
 #[test]
 fn sixteen_byte_skip_finds_the_first_special_byte() {
-    let special = |b: u8| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b);
     for b in 0..=0xffu8 {
-        for other in [b'a', b'"', 0x00, 0x1f, 0xff, b'\\'] {
+        for other in OTHERS {
             for at in 0..40 {
-                let mut buf = [b'a'; 40];
-                buf[at] = b;
-                for slot in buf.iter_mut().skip(at + 1).step_by(5) {
-                    *slot = other;
-                }
+                let buf: [u8; 40] = planted(b, other, at, 5);
                 for start in [0, 1, 7, 15] {
                     let (pos, found) = skip_plain(&buf, start);
                     let first = buf[start..].iter().position(|&w| special(w)).map(|i| i + start);

@@ -22,7 +22,12 @@
 #
 # The rate. Unless RATE is given, the script first measures warmpath's peak as proxy_compare.sh
 # does (wrk -t1, PEAK_CONNS connections, PEAK_DURATION seconds, the small request) and uses
-# half of it.
+# half of it. That closed-loop peak batches requests per event-loop wake-up; paced requests
+# arrive one at a time and cost more each, so warmpath cannot sustain half of it open loop.
+# PEAK_MODE=open measures the open-loop peak instead: a bisection (PEAK_STEPS paced runs of
+# PEAK_DURATION seconds, between an eighth of the wrk peak and the wrk peak) for the highest
+# rate warmpath keeps up with (sends at 98 % of the rate or more, latency p50 under 1 ms: no
+# backlog), and uses half of that.
 #
 # Cores (PIN=1, default, on 2+ cores): the proxy alone on core 0; the generator and the backend
 # on the last core (taskset), as in proxy_compare.sh. The generator polls without sleeping when
@@ -39,7 +44,7 @@
 # Usage: perf/latency_open_loop.sh     (build first: cargo build --release)
 # Environment (defaults): ROUNDS=3 DURATION=5 (seconds per run) RATE= (requests/s; empty: half
 #   of warmpath's measured peak) CONNS=16 ARRIVALS=constant (or poisson) WARMUP=1 PIN=1
-#   PEAK_CONNS=32 PEAK_DURATION=5 TARGETS="direct warmpath nginx haproxy"
+#   PEAK_CONNS=32 PEAK_DURATION=5 PEAK_MODE=wrk (or open) PEAK_STEPS=6 TARGETS="direct warmpath nginx haproxy"
 #   WARMPATH=target/release/warmpath (the generator, and the router unless ROUTER is set)
 #   ROUTER=$WARMPATH (the warmpath binary measured) SHARDS=1 BASE_PORT=18300 KEEP_TMP=0
 #   ROUTER_B=$ROUTER ROUTER_B_ARGS= (a second warmpath target `warmpath-b`, add it to TARGETS:
@@ -64,6 +69,8 @@ WARMUP=${WARMUP:-1}
 PIN=${PIN:-1}
 PEAK_CONNS=${PEAK_CONNS:-32}
 PEAK_DURATION=${PEAK_DURATION:-5}
+PEAK_MODE=${PEAK_MODE:-wrk}
+PEAK_STEPS=${PEAK_STEPS:-6}
 TARGETS=${TARGETS:-direct warmpath nginx haproxy}
 WARMPATH=${WARMPATH:-target/release/warmpath}
 ROUTER=${ROUTER:-$WARMPATH}
@@ -203,22 +210,6 @@ for target in "${active[@]}"; do
     die "$target answered the pre-flight request with $code and $(stat -c %s "$TMP/got") bytes"
 done
 
-# --- The rate ------------------------------------------------------------------------------
-
-PEAK=""
-if [[ -z $RATE ]]; then
-  [[ -n ${PID[warmpath]:-} ]] || die "no RATE given and warmpath is not a target to measure it on"
-  log "warmpath's peak: wrk -t1 -c$PEAK_CONNS -d${PEAK_DURATION}s"
-  out=$(BODY_FILE=$TMP/small.json "${PIN_LOAD[@]}" wrk -t1 -c"$PEAK_CONNS" -d"${PEAK_DURATION}s" \
-    --timeout 2s -s "$HERE/post.lua" "http://127.0.0.1:$WARMPATH_PORT/v1/chat/completions" 2>&1) ||
-    die "wrk failed: $out"
-  line=$(grep '^RESULT' <<<"$out") || die "wrk gave no result: $out"
-  PEAK=$(sed -E 's/.*requests=([0-9]+) duration_us=([0-9]+).*/\1 \2/' <<<"$line" |
-    awk '{ printf "%.0f", $1 / ($2 / 1e6) }')
-  RATE=$((PEAK / 2))
-  log "warmpath's peak: $PEAK req/s; rate: $RATE req/s"
-fi
-
 # --- Runs -------------------------------------------------------------------------------------
 
 proc_ticks() { # PID...: utime+stime (clock ticks) of the processes and their children
@@ -238,6 +229,39 @@ paced() { # TARGET LABEL SECONDS: one paced run; its JSON is $TMP/out/LABEL.json
     --duration "${3}s" --connections "$CONNS" --label "$2" --out "$TMP/out" --no-progress \
     >"$TMP/run.out" 2>"$TMP/run.err" || die "bench against $1 failed: $(cat "$TMP/run.err")"
 }
+
+# --- The rate ------------------------------------------------------------------------------
+
+PEAK=""
+if [[ -z $RATE ]]; then
+  [[ -n ${PID[warmpath]:-} ]] || die "no RATE given and warmpath is not a target to measure it on"
+  log "warmpath's peak: wrk -t1 -c$PEAK_CONNS -d${PEAK_DURATION}s"
+  out=$(BODY_FILE=$TMP/small.json "${PIN_LOAD[@]}" wrk -t1 -c"$PEAK_CONNS" -d"${PEAK_DURATION}s" \
+    --timeout 2s -s "$HERE/post.lua" "http://127.0.0.1:$WARMPATH_PORT/v1/chat/completions" 2>&1) ||
+    die "wrk failed: $out"
+  line=$(grep '^RESULT' <<<"$out") || die "wrk gave no result: $out"
+  PEAK=$(sed -E 's/.*requests=([0-9]+) duration_us=([0-9]+).*/\1 \2/' <<<"$line" |
+    awk '{ printf "%.0f", $1 / ($2 / 1e6) }')
+  RATE=$((PEAK / 2))
+  log "warmpath's peak: $PEAK req/s; rate: $RATE req/s"
+  if [[ $PEAK_MODE == open ]]; then
+    WRK_PEAK=$PEAK low=$((PEAK / 8)) high=$PEAK
+    for step in $(seq 1 "$PEAK_STEPS"); do
+      RATE=$(((low + high) / 2))
+      paced warmpath "peak-$step" "$PEAK_DURATION"
+      if python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); rate=float(sys.argv[2]); lat=r["latency_us"] or {}
+sys.exit(0 if r["sent_per_s"] >= 0.98*rate and (lat.get("p50") or 1e9) < 1000 else 1)' \
+        "$TMP/out/peak-$step.json" "$RATE"; then
+        low=$RATE verdict="keeps up"
+      else
+        high=$RATE verdict="falls behind"
+      fi
+      log "open-loop peak, step $step: $RATE req/s: $verdict"
+    done
+    PEAK=$low RATE=$((low / 2))
+    log "warmpath's open-loop peak: $PEAK req/s (wrk's: $WRK_PEAK); rate: $RATE req/s"
+  fi
+fi
 
 RESULTS=$TMP/results.tsv
 printf 'target\tround\tjson\tticks\n' >"$RESULTS"
@@ -270,7 +294,7 @@ cat <<EOF
 Machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $LOAD_START at the start, $LOAD_END at the end.
 Tools: $(nginx -v 2>&1 | sed 's/.*: //'), HAProxy $(haproxy -v | awk 'NR==1{print $3}'), $(wrk --version 2>&1 | awk 'NR==1{print $1, $2}'). Cores: $LAYOUT.
 Generator: $WARMPATH bench --workload fixed-rate --arrivals $ARRIVALS --rate $RATE --duration ${DURATION}s --connections $CONNS (built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC')).
-Rate: $RATE req/s$([[ -n $PEAK ]] && echo ", half of warmpath's peak of $PEAK req/s (wrk -t1 -c$PEAK_CONNS, ${PEAK_DURATION}s)"). Runs: $ROUNDS rounds x ${DURATION}s per target, interleaved, order rotated per round, after ${WARMUP}s of warm-up each.
+Rate: $RATE req/s$([[ -n $PEAK && $PEAK_MODE != open ]] && echo ", half of warmpath's peak of $PEAK req/s (wrk -t1 -c$PEAK_CONNS, ${PEAK_DURATION}s)")$([[ -n $PEAK && $PEAK_MODE == open ]] && echo ", half of warmpath's open-loop peak of $PEAK req/s ($PEAK_STEPS paced runs of ${PEAK_DURATION}s bisecting up to wrk's peak of $WRK_PEAK req/s)"). Runs: $ROUNDS rounds x ${DURATION}s per target, interleaved, order rotated per round, after ${WARMUP}s of warm-up each.
 EOF
 if [[ -n ${PID[warmpath]:-} ]]; then
   echo "warmpath: $ROUTER built $(date -u -r "$ROUTER" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$ROUTER" | cut -c1-12); $SHARDS shard(s)."

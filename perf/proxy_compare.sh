@@ -346,6 +346,17 @@ proc_ticks() { # PID...: utime+stime (clock ticks) of the processes and their ch
   echo "$total"
 }
 
+proc_sys_ticks() { # PID...: stime (clock ticks) of the processes and their children
+  local pid stat fields total=0 kids
+  kids=$(pgrep -P "$(IFS=,; echo "$*")" || true)
+  for pid in "$@" $kids; do
+    stat=$(<"/proc/$pid/stat") || continue
+    read -ra fields <<<"${stat##*) }"
+    total=$((total + fields[12]))
+  done
+  echo "$total"
+}
+
 core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /proc/stat
   awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
 }
@@ -353,23 +364,26 @@ core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /
 RESULTS=$TMP/results.tsv
 run_wrk() { # SCENARIO TARGET SECONDS: prints wrk's RESULT line, the proxy's ticks over the run
   # and core 0's busy ticks (proxy included: the rest is someone else's load on the proxy core)
-  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 out key
+  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 s0 s1 out key
   key=$(key_of "$scenario" "$target")
   c0=$(core_busy)
   t0=$(proc_ticks "${CPU_PIDS[$key]}")
+  s0=$(proc_sys_ticks "${CPU_PIDS[$key]}")
   out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
     -d"${seconds}s" --timeout 2s -s "$HERE/post.lua" \
     "$(url "$key")$(scenario_path "$scenario")" 2>&1) ||
     die "wrk against $target ($scenario) failed: $out"
   t1=$(proc_ticks "${CPU_PIDS[$key]}")
+  s1=$(proc_sys_ticks "${CPU_PIDS[$key]}")
   c1=$(core_busy)
   grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
-  printf '%s ticks=%d core0=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) $((c1 - c0))
+  printf '%s ticks=%d core0=%d sys=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) $((c1 - c0)) \
+    $((s1 - s0))
 }
 
 # One line per run: scenario target round requests duration_us p50 p99 status_err socket_err
-# ticks core0
-printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\tcore0\n' >"$RESULTS"
+# ticks core0 sys (the proxy's system-time ticks, part of ticks)
+printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\tcore0\tsys\n' >"$RESULTS"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for scenario in $SCENARIOS; do
   targets=()
@@ -383,7 +397,7 @@ for scenario in $SCENARIOS; do
       line=$(run_wrk "$scenario" "$target" "$DURATION")
       log "$scenario round $round $target: $line"
       # RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. status_errors=.. socket_errors=..
-      # ticks=.. core0=..
+      # ticks=.. core0=.. sys=..
       printf '%s\t%s\t%s\t%s\n' "$scenario" "$target" "$round" \
         "$(sed -e 's/^RESULT //' -e 's/[a-z_0-9]*=//g' -e 's/ /\t/g' <<<"$line")" >>"$RESULTS"
     done
@@ -402,7 +416,7 @@ cat <<EOF
 Machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $LOAD_START at the start, $LOAD_END at the end.
 Tools: $(nginx -v 2>&1 | sed 's/.*: //'), HAProxy $(haproxy -v | awk 'NR==1{print $3}'), $(wrk --version 2>&1 | awk 'NR==1{print $1, $2}'). Cores: $LAYOUT.
 Runs: $ROUNDS rounds x ${DURATION}s per target and scenario, interleaved (${active[*]}), after ${WARMUP}s of warm-up each; wrk -t1, $CONNS connections ($LAT_CONNS in the latency scenario).
-Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, and its share of one core ("busy"); the direct row gives the backend's own. Other load on core 0: core 0's busy time minus the proxy's.
+Cells: median [min-max] over the rounds. CPU: utime+stime of the proxy process (all threads; nginx: master + worker) over the run / requests, the share of it that is stime ("in the kernel"), and its share of one core ("busy"); the direct row gives the backend's own. Other load on core 0: core 0's busy time minus the proxy's.
 EOF
 if [[ -n ${CPU_PIDS[warmpath]:-} ]]; then
   echo "warmpath: $WARMPATH built $(date -u -r "$WARMPATH" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$WARMPATH" | cut -c1-12); $SHARDS shard(s)."
@@ -439,6 +453,7 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     # A run that completed no request has no latency and no CPU per request: it is counted
     # as stalled and left out of those medians.
     if ($4 > 0) { add(key, "p50", $6); add(key, "p99", $7); add(key, "cpu", cpu * 1e6 / $4) }
+    if ($10 > 0) add(key, "sys", 100 * $12 / $10)
     else stalled[key]++
     errs[key] += $8; sock[key] += $9
     if ($2 != "direct" && $4 >= 1000 && (min_ticks == "" || $10 < min_ticks)) min_ticks = $10
@@ -448,14 +463,14 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     for (s = 1; s <= ns; s++) {
       S = sc[s]
       printf "### %s\n\n", S
-      print "| target | req/s | p50 us | p99 us | CPU us/req | proxy busy % | other load on core 0 % | status>=400 / socket errors | runs with no response |"
-      print "|---|---|---|---|---|---|---|---|---|"
+      print "| target | req/s | p50 us | p99 us | CPU us/req | of it in the kernel % | proxy busy % | other load on core 0 % | status>=400 / socket errors | runs with no response |"
+      print "|---|---|---|---|---|---|---|---|---|---|"
       for (t = 1; t <= nt; t++) {
         T = tg[t]; key = S SUBSEP T
         if (!cnt[key]) continue
-        printf "| %s | %s | %s | %s | %s%s | %s%s | %s | %d / %d | %d of %d |\n", T == "direct" ? "direct (baseline)" : T,
+        printf "| %s | %s | %s | %s | %s%s | %s | %s%s | %s | %d / %d | %d of %d |\n", T == "direct" ? "direct (baseline)" : T,
           cell(key, "rps", "k"), cell(key, "p50", 0), cell(key, "p99", 0),
-          T == "direct" ? "backend " : "", cell(key, "cpu", 1),
+          T == "direct" ? "backend " : "", cell(key, "cpu", 1), cell(key, "sys", 0),
           T == "direct" ? "backend " : "", cell(key, "busy", 0),
           pinned ? cell(key, "other", 0) : "-", errs[key], sock[key], stalled[key], cnt[key]
       }

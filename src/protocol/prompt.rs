@@ -22,10 +22,10 @@
 //! anyway). Anything else adds nothing: other keys, other part types (images), values of other
 //! types, token arrays, keys of these names anywhere but where listed.
 //!
-//! The text is cut into blocks of `block_bytes` bytes; block *k*'s hash is xxh3-64 of its bytes
-//! seeded with block *k − 1*'s hash (0 for the first), so one hash names the whole prefix up to
-//! its block's end, as the engine's own block hashes do (vLLM V1 chains its KV-block hashes the
-//! same way). Only full blocks are hashed: a trailing partial block can never be matched.
+//! The text is cut into blocks of `block_bytes` bytes; block *k*'s hash is xxh3-64 of the 16
+//! bytes made of block *k − 1*'s hash (0 for the first) and the xxh3-64 of block *k*'s bytes
+//! ([`chain_block`]), so one hash names the whole prefix up to its block's end, as the engine's
+//! own block hashes do (vLLM V1 chains its KV-block hashes the same way). Only full blocks are hashed: a trailing partial block can never be matched.
 //!
 //! Hashing the text as sent rather than unescaped costs nothing in correctness: the hashes are
 //! only compared with each other, so the same words escaped two ways (`é` and `\u00e9`) merely
@@ -69,7 +69,7 @@
 
 use std::ops::Range;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::error::ModelError;
 #[cfg(any(doc, test))]
@@ -77,6 +77,21 @@ use super::json::find_model;
 use super::json::{
     find_model_observed, observe_value, unescaped_eq, BodyFields, ModelField, Observer, Unobserved,
 };
+
+/// The chain hash of a block after the chain `prev` (0 before the first block): xxh3-64 of the
+/// block, unseeded, then xxh3-64 of the 16 bytes `prev ‖ that` (both little-endian).
+///
+/// Seeding xxh3 with `prev` instead would name the same thing, but above 240 bytes (the default
+/// block is 256) a seeded xxh3 derives a 192-byte secret from the seed on every call, which
+/// cost as much as hashing the block (`perf/RESULTS.md`); the unseeded hash uses the built-in
+/// secret, and the 16-byte fold is xxh3's short path.
+#[inline(always)]
+pub fn chain_block(prev: u64, block: &[u8]) -> u64 {
+    let mut pair = [0u8; 16];
+    pair[..8].copy_from_slice(&prev.to_le_bytes());
+    pair[8..].copy_from_slice(&xxh3_64(block).to_le_bytes());
+    xxh3_64(&pair)
+}
 
 /// Message boundaries whose end hashes a prompt keeps: its whole text's and up to
 /// `ENDS - 1` before it.
@@ -268,7 +283,7 @@ impl PromptHasher {
         while at < raw.end {
             let take = (raw.end - at).min(self.block_bytes - self.filled);
             if take == self.block_bytes {
-                self.chain = xxh3_64_with_seed(&buf[at..at + take], self.chain);
+                self.chain = chain_block(self.chain, &buf[at..at + take]);
                 out.push(self.chain);
             } else {
                 self.copy(buf, at, take);
@@ -307,7 +322,7 @@ impl PromptHasher {
     #[inline(always)]
     fn complete(&mut self, out: &mut Vec<u64>) {
         if self.filled == self.block_bytes {
-            self.chain = xxh3_64_with_seed(&self.block[..self.block_bytes], self.chain);
+            self.chain = chain_block(self.chain, &self.block[..self.block_bytes]);
             out.push(self.chain);
             self.filled = 0;
         }
@@ -327,14 +342,14 @@ impl PromptHasher {
         if self.filled > 0 {
             let (fill, rest) = bytes.split_at(room);
             self.block[self.filled..self.block_bytes].copy_from_slice(fill);
-            self.chain = xxh3_64_with_seed(&self.block[..self.block_bytes], self.chain);
+            self.chain = chain_block(self.chain, &self.block[..self.block_bytes]);
             out.push(self.chain);
             self.filled = 0;
             bytes = rest;
         }
         let mut blocks = bytes.chunks_exact(self.block_bytes);
         for block in &mut blocks {
-            self.chain = xxh3_64_with_seed(block, self.chain);
+            self.chain = chain_block(self.chain, block);
             out.push(self.chain);
         }
         let rest = blocks.remainder();

@@ -22,13 +22,15 @@ fn of_text(text: &[u8], block: usize) -> Vec<u64> {
     out
 }
 
-/// The chained hashes by the definition, one byte at a time: block k is xxh3 of its bytes
-/// seeded with block k - 1's hash.
+/// The chained hashes by the definition: block k's is xxh3 of block k - 1's hash and xxh3 of
+/// its bytes, 16 bytes little-endian.
 fn by_hand(text: &[u8], block: usize) -> Vec<u64> {
-    let mut chain = 0;
+    let mut chain = 0u64;
     text.chunks_exact(block)
         .map(|b| {
-            chain = xxh3_64_with_seed(b, chain);
+            let pair: Vec<u8> =
+                chain.to_le_bytes().into_iter().chain(xxh3_64(b).to_le_bytes()).collect();
+            chain = xxhash_rust::xxh3::xxh3_64(&pair);
             chain
         })
         .collect()

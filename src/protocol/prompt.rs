@@ -25,7 +25,8 @@
 //! The text is cut into blocks of `block_bytes` bytes; block *k*'s hash is xxh3-64 of the 16
 //! bytes made of block *k − 1*'s hash (0 for the first) and the xxh3-64 of block *k*'s bytes
 //! ([`chain_block`]), so one hash names the whole prefix up to its block's end, as the engine's
-//! own block hashes do (vLLM V1 chains its KV-block hashes the same way). Only full blocks are hashed: a trailing partial block can never be matched.
+//! own block hashes do (vLLM V1 chains its KV-block hashes the same way). Only full blocks are
+//! hashed: a trailing partial block can never be matched.
 //!
 //! Hashing the text as sent rather than unescaped costs nothing in correctness: the hashes are
 //! only compared with each other, so the same words escaped two ways (`é` and `\u00e9`) merely
@@ -86,7 +87,7 @@ use super::json::{
 /// cost as much as hashing the block (`perf/RESULTS.md`); the unseeded hash uses the built-in
 /// secret, and the 16-byte fold is xxh3's short path.
 #[inline(always)]
-pub fn chain_block(prev: u64, block: &[u8]) -> u64 {
+fn chain_block(prev: u64, block: &[u8]) -> u64 {
     let mut pair = [0u8; 16];
     pair[..8].copy_from_slice(&prev.to_le_bytes());
     pair[8..].copy_from_slice(&xxh3_64(block).to_le_bytes());

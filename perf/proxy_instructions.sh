@@ -38,46 +38,12 @@ for tool in valgrind wrk nginx curl; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-
-BACKEND_PORT=$BASE_PORT PORT=$((BASE_PORT + 1)) ADMIN_PORT=$((BASE_PORT + 2))
-render() { # TEMPLATE OUT DIR PORT
-  sed -e "s|@DIR@|$3|g" -e "s|@PORT@|$4|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
-    -e "s|@ADMIN_PORT@|$ADMIN_PORT|g" -e "s|@ECHO_MODULE@|$ECHO_MODULE|g" \
-    -e "s|@SHARDS@|$SHARDS|g" "$HERE/$1" >"$2"
-}
-mkdir -p "$TMP/backend" "$TMP/warmpath"
-render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
-render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$PORT"
-for i in $(seq 1 50); do
-  printf "echo -n 'data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token%02d \"}}]}\\\\n\\\\n';\necho_flush;\n" "$i"
-  if ((EVENT_GAP_MS > 0)); then printf "echo_sleep %.3f;\n" "$(echo "$EVENT_GAP_MS / 1000" | bc -l)"; fi
-done >"$TMP/backend/sse.conf"
-printf "echo -n 'data: [DONE]\\\\n\\\\n';\n" >>"$TMP/backend/sse.conf"
-body='{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-path=/v1/chat/completions
-case $SCENARIO in
-  small) ;;
-  stream) body="${body%\}},\"stream\":true}" path=/v1/stream/chat/completions ;;
-  body64k) # 65,536 bytes exactly, as perf/proxy_compare.sh's: the user message padded
-    body=$(printf '{"model":"bench-model","messages":[{"role":"user","content":"Say hello.%s"}],"max_tokens":16}' \
-      "$(head -c $((65536 - ${#body})) /dev/zero | tr '\0' 'x')") ;;
-  *) echo "SCENARIO is small, stream or body64k" >&2; exit 2 ;;
-esac
-printf '%s' "$body" >"$TMP/body.json"
+# shellcheck source=perf/proxy/measure.sh
+source "$HERE/measure.sh"
 
 nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf" -e "$TMP/backend/error.log" &
 PIDS+=($!)
-ready() { for _ in {1..300}; do curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 ready "http://127.0.0.1:$BACKEND_PORT/health" || { echo "backend did not start" >&2; exit 1; }
-
-answered() { # the router's 200 answers so far
-  curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" |
-    awk '/^warmpath_requests_total\{.*status="200"/ { n += $2 } END { print n + 0 }'
-}
 
 # callgrind_control cannot zero an idle process (it answers only while a thread runs code, and
 # warmpath's threads all sleep in epoll_wait when idle), so each binary runs twice, to exit:

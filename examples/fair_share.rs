@@ -96,10 +96,7 @@ fn engine_time(report: &FleetReport, tenant: u16, p: f64) -> f64 {
         .filter(|o| o.tenant == tenant)
         .filter_map(|o| o.ttft.map(|ttft| ttft - o.queued))
         .collect();
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len() as f64 * p / 100.0) as usize).min(v.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(0.0)
+    fleet::percentile(&mut v, p)
 }
 
 /// `tenant`'s prompt tokens the engines found cached over its prompt tokens.

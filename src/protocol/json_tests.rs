@@ -323,6 +323,20 @@ fn swar_test_finds_the_first_special_byte() {
     }
 }
 
+/// [`skip_plain`] from `start` in `buf` against the definition: the first special byte when it
+/// says it found one; else nothing special before where it stopped, fewer than 16 bytes after.
+fn check_skip(buf: &[u8], start: usize) {
+    let (pos, found) = skip_plain(buf, start);
+    let first = buf[start..].iter().position(|&w| special(w)).map(|i| i + start);
+    match found {
+        true => assert_eq!(Some(pos), first, "{buf:x?} from {start}"),
+        false => {
+            assert!(first.is_none_or(|first| first >= pos), "{buf:x?}");
+            assert!(pos >= start && (pos == start || buf.len() - pos < 16));
+        }
+    }
+}
+
 #[test]
 fn sixteen_byte_skip_finds_the_first_special_byte() {
     for b in 0..=0xffu8 {
@@ -330,16 +344,23 @@ fn sixteen_byte_skip_finds_the_first_special_byte() {
             for at in 0..40 {
                 let buf: [u8; 40] = planted(b, other, at, 5);
                 for start in [0, 1, 7, 15] {
-                    let (pos, found) = skip_plain(&buf, start);
-                    let first = buf[start..].iter().position(|&w| special(w)).map(|i| i + start);
-                    match found {
-                        true => assert_eq!(Some(pos), first, "{buf:x?} from {start}"),
-                        // Stopped short: nothing special before it, fewer than 16 bytes after.
-                        false => {
-                            assert!(first.is_none_or(|first| first >= pos), "{buf:x?}");
-                            assert!(pos >= start && (pos == start || buf.len() - pos < 16));
-                        }
-                    }
+                    check_skip(&buf, start);
+                }
+            }
+        }
+    }
+}
+
+/// Across the 64-byte steps of long runs and the 16-byte steps after them: a special byte at
+/// every offset of 200 bytes, from starts on and off the steps' boundaries.
+#[test]
+fn sixty_four_byte_skip_finds_the_first_special_byte() {
+    for b in [b'"', b'\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xff] {
+        for other in OTHERS {
+            for at in 0..200 {
+                let buf: [u8; 200] = planted(b, other, at, 23);
+                for start in [0, 1, 15, 48, 63, 64, 65] {
+                    check_skip(&buf, start);
                 }
             }
         }

@@ -4,6 +4,13 @@
 # What it measures. A static backend (nginx `return 200`, keep-alive) stands in for a vLLM
 # engine. wrk POSTs a chat body to it directly (the baseline) and through each proxy: warmpath
 # with one shard, nginx as a keep-alive reverse proxy with one worker, HAProxy with one thread.
+# `haproxy-nd` (not in the default TARGETS) is the same HAProxy with `option http-no-delay`:
+# by default HAProxy sends with MSG_MORE and lets the kernel merge small writes (Willy Tarreau,
+# ietf-http-wg, 2011-05-10: "it aggregates as many data as possible in each segment (MSG_MORE,
+# equivalent on TCP_CORK)"), so here a whole 50-event stream reaches the client in one segment,
+# and with events 50 ms apart a benchmark an HAProxy engineer discusses saw the first token
+# 206 ms late (dev.to/rlnorthcutt, "HAProxy holds your tokens for 206ms?"); http-no-delay relays
+# each event as it comes, as the stream target's "no event delayed by more than one read" asks.
 # Scenarios, each run as rounds of direct, warmpath, nginx, haproxy, ROUNDS times:
 #   small    small chat body, small chat.completion JSON back, CONNS connections (saturating)
 #   stream   the same body with "stream": true, 50 SSE events + [DONE] back, chunked, one
@@ -18,14 +25,16 @@
 #            that process's. CONNS keep-alive connections, so each handshake is amortised over
 #            the run: this is the record layer's cost, not the handshake's. The direct row
 #            stays the plaintext baseline; haproxy is left out (no TLS configured for it).
-# Per run: requests/s, p50 and p99 latency (wrk), responses with status >= 400 and socket
-# errors (wrk counts a response later than 2 s among them; a request never answered shows only
-# as lost throughput, and a run with no response at all is counted as such), and the proxy's
-# CPU per request: utime+stime from /proc/PID/stat (all threads; nginx: master and worker) over
-# the run, divided by the requests wrk completed. A proxy that answers errors fast, or not at
-# all, is not faster: before the runs, one request per scenario must come back 200 with exactly
-# the backend's body, or the target is left out of that scenario. The report gives the median
-# and the min-max spread over the rounds, and warmpath's ratios to nginx against the targets.
+# Per run: requests/s, p50 and p99 latency (wrk), the TCP segments with data sent on the whole
+# machine per request (nstat's TcpExtTCPOrigDataSent: every leg, so it shows how a proxy frames what
+# it relays: the backend's flushes are the same for every proxy), responses with status >= 400 and
+# socket errors (wrk counts a response later than 2 s among them; a request never answered shows
+# only as lost throughput, and a run with no response at all is counted as such), and the proxy's
+# CPU per request: utime+stime from /proc/PID/stat (all threads; nginx: master and worker) over the
+# run, divided by the requests wrk completed. A proxy that answers errors fast, or not at all, is
+# not faster: before the runs, one request per scenario must come back 200 with exactly the
+# backend's body, or the target is left out of that scenario. The report gives the median and the
+# min-max spread over the rounds, and warmpath's ratios to nginx against the targets.
 #
 # How to read it. CPU per request is the primary number: it does not depend on who else is
 # busy. With PIN=1 (default) the proxy runs alone on core 0 and wrk + backend share core 1,
@@ -54,6 +63,7 @@
 # Environment (defaults): ROUNDS=3 DURATION=5 (seconds per run, at most 10) CONNS=32
 #   LAT_CONNS=2 WARMUP=1 (seconds per target per scenario, not recorded) PIN=1
 #   SCENARIOS="small stream body64k latency tls" TARGETS="direct warmpath nginx haproxy"
+#   (haproxy-nd, HAProxy with http-no-delay, is a target to add)
 #   WARMPATH=target/release/warmpath BASE_PORT=18100 KEEP_TMP=0 (1 keeps configs and logs)
 #   SHARDS=1 (warmpath's server.shards; with 2, run PIN=0: one core cannot show two shards)
 #   WARMPATH_B, WARMPATH_B_ENV: a second warmpath target `warmpath-b` (add it to TARGETS), the
@@ -155,6 +165,7 @@ alloc_port() { # VAR: the next free loopback port at or above NEXT_PORT
 alloc_port BACKEND_PORT
 alloc_port NGINX_PORT
 alloc_port HAPROXY_PORT
+alloc_port HAPROXY_ND_PORT
 alloc_port WARMPATH_PORT
 alloc_port WARMPATH_ADMIN_PORT
 alloc_port WARMPATH_B_PORT
@@ -172,7 +183,8 @@ render() { # TEMPLATE OUT DIR PORT [ADMIN_PORT]: fill in the @VARS@ of a templat
     "$HERE/$1" >"$2"
 }
 
-mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/warmpath" "$TMP/warmpath-b" "$TMP/body"
+mkdir -p "$TMP/backend" "$TMP/nginx" "$TMP/haproxy" "$TMP/haproxy-nd" "$TMP/warmpath" \
+  "$TMP/warmpath-b" "$TMP/body"
 mkdir -p "$TMP/warmpath-tls" "$TMP/tls"
 # The tls scenario's certificate, the same for warmpath and nginx: self-signed, EC P-256.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
@@ -181,6 +193,11 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
 render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
 render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
+# haproxy-nd: the same HAProxy with `option http-no-delay`, which relays each event as it comes.
+render haproxy.cfg "$TMP/haproxy-nd/haproxy.cfg" "$TMP/haproxy-nd" "$HAPROXY_ND_PORT"
+sed -i 's/^    option http-keep-alive$/&\n    option http-no-delay/' "$TMP/haproxy-nd/haproxy.cfg"
+grep -q '^    option http-no-delay$' "$TMP/haproxy-nd/haproxy.cfg" ||
+  die "haproxy-nd: the configuration has no http-no-delay"
 render warmpath.toml "$TMP/warmpath/warmpath.toml" "$TMP/warmpath" "$WARMPATH_PORT"
 render warmpath.toml "$TMP/warmpath-b/warmpath.toml" "$TMP/warmpath-b" "$WARMPATH_B_PORT" \
   "$WARMPATH_B_ADMIN_PORT"
@@ -246,6 +263,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
 }
 
 PORT[backend]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT PORT[haproxy]=$HAPROXY_PORT
+PORT[haproxy-nd]=$HAPROXY_ND_PORT
 PORT[warmpath]=$WARMPATH_PORT PORT[warmpath-b]=$WARMPATH_B_PORT
 PORT[nginx-tls]=$NGINX_TLS_PORT PORT[warmpath-tls]=$WARMPATH_TLS_PORT
 start backend /health "${PIN_LOAD[@]}" -- \
@@ -265,10 +283,10 @@ for target in $TARGETS; do
       CPU_PIDS[nginx-tls]=${CPU_PIDS[nginx]} # the same process, its TLS server block
       active+=(nginx)
       ;;
-    haproxy)
-      start haproxy /health "${PIN_PROXY[@]}" -- haproxy -db -f "$TMP/haproxy/haproxy.cfg" ||
-        die "haproxy failed to start"
-      active+=(haproxy)
+    haproxy | haproxy-nd)
+      start "$target" /health "${PIN_PROXY[@]}" -- haproxy -db -f "$TMP/$target/haproxy.cfg" ||
+        die "$target failed to start"
+      active+=("$target")
       ;;
     warmpath)
       if ! "$WARMPATH" serve --help >/dev/null 2>&1; then
@@ -357,6 +375,10 @@ proc_sys_ticks() { # PID...: stime (clock ticks) of the processes and their chil
   echo "$total"
 }
 
+data_segments() { # TCP segments with data sent on this machine since boot (loopback: every leg)
+  nstat -asz TcpExtTCPOrigDataSent | awk '$1 == "TcpExtTCPOrigDataSent" { print $2 }'
+}
+
 core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /proc/stat
   awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
 }
@@ -364,26 +386,29 @@ core_busy() { # busy ticks of core 0 (user nice system irq softirq steal) from /
 RESULTS=$TMP/results.tsv
 run_wrk() { # SCENARIO TARGET SECONDS: prints wrk's RESULT line, the proxy's ticks over the run
   # and core 0's busy ticks (proxy included: the rest is someone else's load on the proxy core)
-  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 s0 s1 out key
+  local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 s0 s1 g0 g1 out key
   key=$(key_of "$scenario" "$target")
   c0=$(core_busy)
   t0=$(proc_ticks "${CPU_PIDS[$key]}")
   s0=$(proc_sys_ticks "${CPU_PIDS[$key]}")
+  g0=$(data_segments)
   out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
     -d"${seconds}s" --timeout 2s -s "$HERE/post.lua" \
     "$(url "$key")$(scenario_path "$scenario")" 2>&1) ||
     die "wrk against $target ($scenario) failed: $out"
   t1=$(proc_ticks "${CPU_PIDS[$key]}")
   s1=$(proc_sys_ticks "${CPU_PIDS[$key]}")
+  g1=$(data_segments)
   c1=$(core_busy)
   grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
-  printf '%s ticks=%d core0=%d sys=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) $((c1 - c0)) \
-    $((s1 - s0))
+  printf '%s ticks=%d core0=%d sys=%d segments=%d\n' "$(grep '^RESULT' <<<"$out")" $((t1 - t0)) \
+    $((c1 - c0)) $((s1 - s0)) $((g1 - g0))
 }
 
 # One line per run: scenario target round requests duration_us p50 p99 status_err socket_err
-# ticks core0 sys (the proxy's system-time ticks, part of ticks)
-printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\tcore0\tsys\n' >"$RESULTS"
+# ticks core0 sys (the proxy's system-time ticks, part of ticks) segments (TCP segments with
+# data sent on the machine during the run: every leg, client, proxy and backend)
+printf 'scenario\ttarget\tround\trequests\tduration_us\tp50_us\tp99_us\tstatus_errors\tsocket_errors\tticks\tcore0\tsys\tsegments\n' >"$RESULTS"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for scenario in $SCENARIOS; do
   targets=()
@@ -397,7 +422,7 @@ for scenario in $SCENARIOS; do
       line=$(run_wrk "$scenario" "$target" "$DURATION")
       log "$scenario round $round $target: $line"
       # RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. status_errors=.. socket_errors=..
-      # ticks=.. core0=.. sys=..
+      # ticks=.. core0=.. sys=.. segments=..
       printf '%s\t%s\t%s\t%s\n' "$scenario" "$target" "$round" \
         "$(sed -e 's/^RESULT //' -e 's/[a-z_0-9]*=//g' -e 's/ /\t/g' <<<"$line")" >>"$RESULTS"
     done
@@ -452,7 +477,8 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     add(key, "other", other < 0 ? 0 : other)
     # A run that completed no request has no latency and no CPU per request: it is counted
     # as stalled and left out of those medians.
-    if ($4 > 0) { add(key, "p50", $6); add(key, "p99", $7); add(key, "cpu", cpu * 1e6 / $4) }
+    if ($4 > 0) { add(key, "p50", $6); add(key, "p99", $7); add(key, "cpu", cpu * 1e6 / $4)
+      add(key, "segs", $13 / $4) }
     if ($10 > 0) add(key, "sys", 100 * $12 / $10)
     else stalled[key]++
     errs[key] += $8; sock[key] += $9
@@ -463,16 +489,17 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     for (s = 1; s <= ns; s++) {
       S = sc[s]
       printf "### %s\n\n", S
-      print "| target | req/s | p50 us | p99 us | CPU us/req | of it in the kernel % | proxy busy % | other load on core 0 % | status>=400 / socket errors | runs with no response |"
-      print "|---|---|---|---|---|---|---|---|---|---|"
+      print "| target | req/s | p50 us | p99 us | CPU us/req | of it in the kernel % | proxy busy % | other load on core 0 % | data segments / req | status>=400 / socket errors | runs with no response |"
+      print "|---|---|---|---|---|---|---|---|---|---|---|"
       for (t = 1; t <= nt; t++) {
         T = tg[t]; key = S SUBSEP T
         if (!cnt[key]) continue
-        printf "| %s | %s | %s | %s | %s%s | %s | %s%s | %s | %d / %d | %d of %d |\n", T == "direct" ? "direct (baseline)" : T,
+        printf "| %s | %s | %s | %s | %s%s | %s | %s%s | %s | %s | %d / %d | %d of %d |\n", T == "direct" ? "direct (baseline)" : T,
           cell(key, "rps", "k"), cell(key, "p50", 0), cell(key, "p99", 0),
           T == "direct" ? "backend " : "", cell(key, "cpu", 1), cell(key, "sys", 0),
           T == "direct" ? "backend " : "", cell(key, "busy", 0),
-          pinned ? cell(key, "other", 0) : "-", errs[key], sock[key], stalled[key], cnt[key]
+          pinned ? cell(key, "other", 0) : "-", cell(key, "segs", 1), errs[key], sock[key],
+          stalled[key], cnt[key]
       }
       print ""
       d = S SUBSEP "direct"; w = S SUBSEP "warmpath"; x = S SUBSEP "nginx"
@@ -485,6 +512,10 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
       if (num[w, "cpu"] && num[x, "cpu"] && !broken[w] && !broken[x])
         printf "warmpath / nginx: CPU per request %.2f (target <= %s), req/s %.2f (target >= 1.2).\n",
           med[w, "cpu"] / med[x, "cpu"], S == "tls" ? "0.8, both with TLS" : "0.7", med[w, "rps"] / med[x, "rps"]
+      for (h = 1; h <= 2; h++) { H = h == 1 ? "haproxy" : "haproxy-nd"; y = S SUBSEP H
+        if (num[w, "cpu"] && num[y, "cpu"] && !broken[w] && !broken[y])
+          printf "warmpath / %s: CPU per request %.2f%s.\n", H, med[w, "cpu"] / med[y, "cpu"],
+            S == "stream" ? " (target <= 0.8)" : "" }
       if (num[d, "p50"]) {
         line = ""
         for (t = 1; t <= nt; t++) { T = tg[t]; k = S SUBSEP T

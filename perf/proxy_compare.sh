@@ -63,7 +63,8 @@
 # Environment (defaults): ROUNDS=3 DURATION=5 (seconds per run, at most 10) CONNS=32
 #   LAT_CONNS=2 WARMUP=1 (seconds per target per scenario, not recorded) PIN=1
 #   SCENARIOS="small stream body64k latency tls" TARGETS="direct warmpath nginx haproxy"
-#   (haproxy-nd, HAProxy with http-no-delay, is a target to add)
+#   (targets to add: haproxy-nd, HAProxy with http-no-delay; nginx-plain, nginx without the
+#   X-Forwarded-For and X-Request-ID work that warmpath, nginx and haproxy do)
 #   WARMPATH=target/release/warmpath BASE_PORT=18100 KEEP_TMP=0 (1 keeps configs and logs)
 #   SHARDS=1 (warmpath's server.shards; with 2, run PIN=0: one core cannot show two shards)
 #   WARMPATH_B, WARMPATH_B_ENV: a second warmpath target `warmpath-b` (add it to TARGETS), the
@@ -164,6 +165,7 @@ alloc_port() { # VAR: the next free loopback port at or above NEXT_PORT
 }
 alloc_port BACKEND_PORT
 alloc_port NGINX_PORT
+alloc_port NGINX_PLAIN_PORT
 alloc_port HAPROXY_PORT
 alloc_port HAPROXY_ND_PORT
 alloc_port WARMPATH_PORT
@@ -192,6 +194,11 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   die "openssl could not make the test certificate"
 render backend-nginx.conf "$TMP/backend/nginx.conf" "$TMP/backend" "$BACKEND_PORT"
 render proxy-nginx.conf "$TMP/nginx/nginx.conf" "$TMP/nginx" "$NGINX_PORT"
+# nginx-plain: the same proxy without the header work (no X-Forwarded-For, no X-Request-ID) and
+# without the TLS listener.
+mkdir -p "$TMP/nginx-plain"
+render proxy-nginx.conf "$TMP/nginx-plain/nginx.conf" "$TMP/nginx-plain" "$NGINX_PLAIN_PORT"
+sed -i '/X-Forwarded-For\|X-Request-ID\|ssl/d' "$TMP/nginx-plain/nginx.conf"
 render haproxy.cfg "$TMP/haproxy/haproxy.cfg" "$TMP/haproxy" "$HAPROXY_PORT"
 # haproxy-nd: the same HAProxy with `option http-no-delay`, which relays each event as it comes.
 render haproxy.cfg "$TMP/haproxy-nd/haproxy.cfg" "$TMP/haproxy-nd" "$HAPROXY_ND_PORT"
@@ -263,7 +270,7 @@ start() { # NAME READY_PATH PIN... -- COMMAND...: start in the background, wait 
 }
 
 PORT[backend]=$BACKEND_PORT PORT[nginx]=$NGINX_PORT PORT[haproxy]=$HAPROXY_PORT
-PORT[haproxy-nd]=$HAPROXY_ND_PORT
+PORT[haproxy-nd]=$HAPROXY_ND_PORT PORT[nginx-plain]=$NGINX_PLAIN_PORT
 PORT[warmpath]=$WARMPATH_PORT PORT[warmpath-b]=$WARMPATH_B_PORT
 PORT[nginx-tls]=$NGINX_TLS_PORT PORT[warmpath-tls]=$WARMPATH_TLS_PORT
 start backend /health "${PIN_LOAD[@]}" -- \
@@ -282,6 +289,12 @@ for target in $TARGETS; do
         die "nginx proxy failed to start"
       CPU_PIDS[nginx-tls]=${CPU_PIDS[nginx]} # the same process, its TLS server block
       active+=(nginx)
+      ;;
+    nginx-plain)
+      start nginx-plain /health "${PIN_PROXY[@]}" -- nginx -p "$TMP/nginx-plain" \
+        -c "$TMP/nginx-plain/nginx.conf" -e "$TMP/nginx-plain/error.log" ||
+        die "nginx-plain failed to start"
+      active+=(nginx-plain)
       ;;
     haproxy | haproxy-nd)
       start "$target" /health "${PIN_PROXY[@]}" -- haproxy -db -f "$TMP/$target/haproxy.cfg" ||

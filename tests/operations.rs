@@ -10,7 +10,7 @@ use serde_json::Value;
 use support::backend::{Backend, Reply};
 use support::client::{self, chat_request, Conn};
 use support::router::Setup;
-use support::{eventually, wait_until, PATIENCE};
+use support::{eventually, log_lines, wait_until, PATIENCE};
 
 const M: &str = "m";
 
@@ -21,21 +21,7 @@ fn setup(backends: &[&Backend]) -> Setup {
 
 /// A fresh path under the test target directory.
 fn temp_path(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operations-tests");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
-}
-
-/// The access log's lines once it holds at least `n`.
-fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
-    wait_until(&format!("{n} access-log lines"), PATIENCE, || {
-        let text = std::fs::read_to_string(path).ok()?;
-        let lines: Vec<Value> =
-            text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
-        (lines.len() >= n).then_some(lines)
-    })
+    support::temp_path("operations-tests", name)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,19 +15,16 @@ use serde_json::Value;
 use support::backend::{Backend, Reply};
 use support::client::{self, Conn, Response};
 use support::router::{Router, Setup};
-use support::{wait_until, PATIENCE};
+use support::{log_lines, wait_until, PATIENCE};
 use warmpath::clock::{Clock, SimClock};
 
 const M: &str = "m";
 const KEY_A: &str = "wp_rate-limited-tenant-a";
 const KEY_B: &str = "wp_unlimited-tenant-b";
 
+/// A fresh path under the test target directory.
 fn temp_path(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rate-limit-tests");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
+    support::temp_path("rate-limit-tests", name)
 }
 
 /// Tenant `a` with these limits (`requests_per_minute`, `tokens_per_minute`) and the
@@ -78,16 +75,6 @@ fn assert_limited(response: &Response, seconds: u64) {
         text.ends_with("\",\"type\":\"rate_limit_error\",\"code\":\"rate_limit_exceeded\"}}"),
         "{text}"
     );
-}
-
-/// The access log's lines once it holds at least `n`.
-fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
-    wait_until(&format!("{n} access-log lines"), PATIENCE, || {
-        let text = std::fs::read_to_string(path).ok()?;
-        let lines: Vec<Value> =
-            text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
-        (lines.len() >= n).then_some(lines)
-    })
 }
 
 /// The value of the series `series` (the whole `name{labels}` text) in a scrape.

@@ -14,7 +14,7 @@ use support::backend::Backend;
 use support::client::{self, chat_body, Conn, Response};
 use support::ledger::Ledger;
 use support::router::{Router, Setup};
-use support::{eventually, wait_until, PATIENCE};
+use support::{eventually, log_lines, PATIENCE};
 
 const M: &str = "m";
 const KEY_A: &str = "wp_tenant-a-key-0123456789";
@@ -24,11 +24,7 @@ const ADMIN: &str = "wp_admin-token-abcdef";
 
 /// A fresh path under the test target directory.
 fn temp_path(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tenants-tests");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
+    support::temp_path("tenants-tests", name)
 }
 
 /// Tenants `a` (two keys) and `b` in front of `backend`.
@@ -78,16 +74,6 @@ fn assert_unauthorized(response: &Response, what: &str) {
     let json = response.json();
     let keys: Vec<&String> = json["error"].as_object().unwrap().keys().collect();
     assert_eq!(keys.len(), 3, "{what}: {json}");
-}
-
-/// The access log's lines once it holds at least `n`.
-fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
-    wait_until(&format!("{n} access-log lines"), PATIENCE, || {
-        let text = std::fs::read_to_string(path).ok()?;
-        let lines: Vec<Value> =
-            text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
-        (lines.len() >= n).then_some(lines)
-    })
 }
 
 /// A valid key is served; its tenant is in the access log and in the `tenant` label of the

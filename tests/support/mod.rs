@@ -21,10 +21,31 @@ pub mod ledger;
 pub mod router;
 pub mod wire;
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use warmpath::clock::{Clock, Tick};
+
+/// A fresh path for `name` (with the process id) in the directory `dir` under the test target
+/// directory: the directory exists, nothing is at the path.
+pub fn temp_path(dir: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// The access log's lines (JSON) at `path`, once it holds at least `n`.
+pub fn log_lines(path: &Path, n: usize) -> Vec<serde_json::Value> {
+    wait_until(&format!("{n} access-log lines"), PATIENCE, || {
+        let text = std::fs::read_to_string(path).ok()?;
+        let lines: Vec<serde_json::Value> =
+            text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+        (lines.len() >= n).then_some(lines)
+    })
+}
 
 /// How long a test waits for anything that should happen "at once" before failing.
 pub const PATIENCE: Duration = Duration::from_secs(5);

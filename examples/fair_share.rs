@@ -12,7 +12,9 @@
 //!    prefix-cache hit rate, solo and beside the neighbour.
 //! 2. *Boost within tenants*: the follow-up TTFT p50 gain of session-boost over fifo for the
 //!    whole trace as one tenant, against the gain within each of two tenants of weights 3:1
-//!    (sessions split 3:1).
+//!    (sessions split 3:1); and each tenant's gain against the gain of *its own sessions* in
+//!    the one-queue runs (the same split labelled, no weights: one tenant to the scheduler), so
+//!    that the two gains compare the same follow-ups.
 //!
 //! ROUTING: `session-affinity` (default) or `prefix-cost`. `WINDOW=seconds` truncates the trace.
 
@@ -163,23 +165,67 @@ fn main() {
     let split: Vec<u16> =
         (0..workload.sessions.len()).map(|s| if s % 4 == 0 { 2 } else { 1 }).collect();
     let fifo = |weights: &[u16]| params("fifo", routing, weights);
-    let one_fifo = run(&workload, &engines, fifo(&[]), Vec::new());
-    let one_boost = run(&workload, &engines, boost(&[]), Vec::new());
+    // One queue (no weights), the sessions labelled with their tenants of the split.
+    let one_fifo = run(&workload, &engines, fifo(&[]), split.clone());
+    let one_boost = run(&workload, &engines, boost(&[]), split.clone());
     let two_fifo = run(&workload, &engines, fifo(&[3, 1]), split.clone());
     let two_boost = run(&workload, &engines, boost(&[3, 1]), split);
     let gain = |f: &FleetReport, b: &FleetReport, t: Option<u16>| {
         f.ttft_of(t, Some(true), 50.0) - b.ttft_of(t, Some(true), 50.0)
     };
     let one = gain(&one_fifo, &one_boost, None);
+    let (own1, own2) = (gain(&one_fifo, &one_boost, Some(1)), gain(&one_fifo, &one_boost, Some(2)));
+    let (two1, two2) = (gain(&two_fifo, &two_boost, Some(1)), gain(&two_fifo, &two_boost, Some(2)));
     println!(
         "{trace_name} {profile} {load} {routing}: follow-up p50 gain of boost over fifo: one tenant \
          {} ms ({} -> {}); weight-3 tenant {} ms ({:.0} % of it); weight-1 tenant {} ms ({:.0} %)",
         ms(one),
         ms(one_fifo.ttft(Some(true), 50.0)),
         ms(one_boost.ttft(Some(true), 50.0)),
-        ms(gain(&two_fifo, &two_boost, Some(1))),
-        gain(&two_fifo, &two_boost, Some(1)) / one * 100.0,
-        ms(gain(&two_fifo, &two_boost, Some(2))),
-        gain(&two_fifo, &two_boost, Some(2)) / one * 100.0,
+        ms(two1),
+        two1 / one * 100.0,
+        ms(two2),
+        two2 / one * 100.0,
+    );
+    println!(
+        "  against its own sessions' gain in one queue: weight-3 tenant {} ms of {} ms ({:.0} %), \
+         weight-1 tenant {} ms of {} ms ({:.0} %)",
+        ms(two1),
+        ms(own1),
+        two1 / own1 * 100.0,
+        ms(two2),
+        ms(own2),
+        two2 / own2 * 100.0,
+    );
+    let p50 = |r: &FleetReport, t: u16| ms(r.ttft_of(Some(t), Some(true), 50.0));
+    // A tenant's follow-ups: queue wait p50 and the share of their prompt found cached.
+    let follow = |r: &FleetReport, t: u16| {
+        let outcomes = r.outcomes.iter().filter(|o| o.tenant == t && o.follow_up);
+        let mut waits: Vec<f64> = outcomes.clone().map(|o| o.queued).collect();
+        let (cached, prompt) = outcomes.fold((0u64, 0u64), |(c, p), o| {
+            (c + u64::from(o.cached_tokens), p + u64::from(o.prompt_tokens))
+        });
+        let hit = cached as f64 / prompt.max(1) as f64 * 100.0;
+        format!("wait p50 {} ms, hit {hit:.0} %", ms(fleet::percentile(&mut waits, 50.0)))
+    };
+    println!(
+        "  boosted follow-ups: weight-3 tenant {} in one queue, {} as a tenant; weight-1 tenant \
+         {}, {}",
+        follow(&one_boost, 1),
+        follow(&two_boost, 1),
+        follow(&one_boost, 2),
+        follow(&two_boost, 2),
+    );
+    println!(
+        "  follow-up p50 fifo -> boost: weight-3 tenant {} -> {} ms in one queue, {} -> {} ms as \
+         a tenant; weight-1 tenant {} -> {} ms, {} -> {} ms",
+        p50(&one_fifo, 1),
+        p50(&one_boost, 1),
+        p50(&two_fifo, 1),
+        p50(&two_boost, 1),
+        p50(&one_fifo, 2),
+        p50(&one_boost, 2),
+        p50(&two_fifo, 2),
+        p50(&two_boost, 2),
     );
 }

@@ -118,9 +118,17 @@ fn main() {
     let load: f64 = load.parse().expect("LOAD");
     let engines = vec![warmpath::sim::profile(profile).expect("profile"); 2];
     let workload = load_workload(trace_name, &engines, load);
-    let ms = |v: f64| format!("{:.0}", v * 1000.0);
+    let label = format!("{trace_name} {profile} {load} {routing}");
+    neighbour(&label, &workload, &engines, routing);
+    boost_within(&label, &workload, &engines, routing);
+}
 
-    // 1. A heavy neighbour.
+fn ms(v: f64) -> String {
+    format!("{:.0}", v * 1000.0)
+}
+
+/// Experiment 1: a heavy neighbour.
+fn neighbour(label: &str, workload: &Workload, engines: &[EngineParams], routing: &str) {
     let light: Vec<u16> =
         (0..workload.sessions.len()).map(|s| if s % 101 == 0 { 1 } else { 2 }).collect();
     let mut solo = workload.clone();
@@ -129,14 +137,14 @@ fn main() {
         .map(|(_, session)| session.clone())
         .collect();
     let boost = |weights: &[u16]| params("session-boost", routing, weights);
-    let alone = run(&solo, &engines, boost(&[1, 1]), vec![1; solo.sessions.len()]);
-    let mixed = run(&workload, &engines, boost(&[1, 1]), light.clone());
+    let alone = run(&solo, engines, boost(&[1, 1]), vec![1; solo.sessions.len()]);
+    let mixed = run(workload, engines, boost(&[1, 1]), light.clone());
     // The same mix through today's single queue: no weights, so every tenant counts as none.
-    let single = run(&workload, &engines, boost(&[]), light);
+    let single = run(workload, engines, boost(&[]), light);
     let (a50, m50) = (alone.ttft_of(Some(1), None, 50.0), mixed.ttft_of(Some(1), None, 50.0));
     let (a90, m90) = (alone.ttft_of(Some(1), None, 90.0), mixed.ttft_of(Some(1), None, 90.0));
     println!(
-        "{trace_name} {profile} {load} {routing}: light tenant ({} requests) TTFT p50 solo {} ms, \
+        "{label}: light tenant ({} requests) TTFT p50 solo {} ms, \
          beside a 100x tenant {} ms ({:+.1} %) (one queue for both: {} ms); p90 {} -> {} ms; \
          heavy tenant p50 {} ms",
         alone.outcomes.len(),
@@ -160,16 +168,19 @@ fn main() {
         hit_rate(&alone, 1) * 100.0,
         hit_rate(&mixed, 1) * 100.0,
     );
+}
 
-    // 2. Boost within tenants.
+/// Experiment 2: the boost within tenants.
+fn boost_within(label: &str, workload: &Workload, engines: &[EngineParams], routing: &str) {
     let split: Vec<u16> =
         (0..workload.sessions.len()).map(|s| if s % 4 == 0 { 2 } else { 1 }).collect();
     let fifo = |weights: &[u16]| params("fifo", routing, weights);
     // One queue (no weights), the sessions labelled with their tenants of the split.
-    let one_fifo = run(&workload, &engines, fifo(&[]), split.clone());
-    let one_boost = run(&workload, &engines, boost(&[]), split.clone());
-    let two_fifo = run(&workload, &engines, fifo(&[3, 1]), split.clone());
-    let two_boost = run(&workload, &engines, boost(&[3, 1]), split);
+    let boost = |weights: &[u16]| params("session-boost", routing, weights);
+    let one_fifo = run(workload, engines, fifo(&[]), split.clone());
+    let one_boost = run(workload, engines, boost(&[]), split.clone());
+    let two_fifo = run(workload, engines, fifo(&[3, 1]), split.clone());
+    let two_boost = run(workload, engines, boost(&[3, 1]), split);
     let gain = |f: &FleetReport, b: &FleetReport, t: Option<u16>| {
         f.ttft_of(t, Some(true), 50.0) - b.ttft_of(t, Some(true), 50.0)
     };
@@ -177,7 +188,7 @@ fn main() {
     let (own1, own2) = (gain(&one_fifo, &one_boost, Some(1)), gain(&one_fifo, &one_boost, Some(2)));
     let (two1, two2) = (gain(&two_fifo, &two_boost, Some(1)), gain(&two_fifo, &two_boost, Some(2)));
     println!(
-        "{trace_name} {profile} {load} {routing}: follow-up p50 gain of boost over fifo: one tenant \
+        "{label}: follow-up p50 gain of boost over fifo: one tenant \
          {} ms ({} -> {}); weight-3 tenant {} ms ({:.0} % of it); weight-1 tenant {} ms ({:.0} %)",
         ms(one),
         ms(one_fifo.ttft(Some(true), 50.0)),

@@ -72,15 +72,18 @@ impl Clients {
         }
     }
 
-    /// How many bytes the client's buffer may hold now: a request being read may fill its
-    /// limits (the parser reports the overflow); later phases keep room for one pipelined head.
+    /// How many bytes the client's buffer may hold now: a head may fill its limit (the parser
+    /// reports the overflow) or the buffer it has already (a large request then comes in one
+    /// read, not a head-sized one first); a body, its length and room for one pipelined head,
+    /// as the later phases (so a body's last read comes up short when nothing follows it: the
+    /// socket is known empty, and no read that only says EAGAIN follows the response).
     fn read_limit(&self, key: usize, cx: &Cx) -> usize {
         let Some(c) = self.conns.get(key) else { return 0 };
         let head_max = cx.gen.limits.max_header_bytes;
         match (c.phase, c.req.map(|slot| &self.requests[slot])) {
-            (Phase::Head, _) => head_max + 1,
+            (Phase::Head, _) => (head_max + 1).max(c.rbuf.len()),
             (Phase::Body, Some(req)) => match req.head.framing {
-                Framing::ContentLength(n) => req.head.head_len + n as usize,
+                Framing::ContentLength(n) => req.head.head_len + n as usize + head_max,
                 // Chunk framing adds bytes; the decoder enforces the decoded limit.
                 _ => usize::MAX,
             },

@@ -23,7 +23,7 @@ use std::time::Duration;
 use warmpath::bench::{trace, Workload};
 use warmpath::clock::TickRate;
 use warmpath::config::Config;
-use warmpath::fleet::{self, FleetReport, FleetSpec, Router};
+use warmpath::fleet::{self, FleetReport, FleetSpec, Outcome, Router};
 use warmpath::scheduler::Params;
 use warmpath::sim::engine::EngineParams;
 
@@ -101,9 +101,10 @@ fn engine_time(report: &FleetReport, tenant: u16, p: f64) -> f64 {
     fleet::percentile(&mut v, p)
 }
 
-/// `tenant`'s prompt tokens the engines found cached over its prompt tokens.
-fn hit_rate(report: &FleetReport, tenant: u16) -> f64 {
-    let (cached, prompt) = (report.outcomes.iter().filter(|o| o.tenant == tenant))
+/// Of the requests `keep` picks, the prompt tokens the engines found cached over their prompt
+/// tokens.
+fn hit_rate(report: &FleetReport, keep: impl Fn(&Outcome) -> bool) -> f64 {
+    let (cached, prompt) = (report.outcomes.iter().filter(|o| keep(o)))
         .fold((0, 0), |(c, p), o| (c + u64::from(o.cached_tokens), p + u64::from(o.prompt_tokens)));
     cached as f64 / prompt.max(1) as f64
 }
@@ -165,8 +166,8 @@ fn neighbour(label: &str, workload: &Workload, engines: &[EngineParams], routing
         ms(mixed.queued_of(Some(1), 50.0)),
         ms(engine_time(&alone, 1, 50.0)),
         ms(engine_time(&mixed, 1, 50.0)),
-        hit_rate(&alone, 1) * 100.0,
-        hit_rate(&mixed, 1) * 100.0,
+        hit_rate(&alone, |o| o.tenant == 1) * 100.0,
+        hit_rate(&mixed, |o| o.tenant == 1) * 100.0,
     );
 }
 
@@ -175,8 +176,8 @@ fn boost_within(label: &str, workload: &Workload, engines: &[EngineParams], rout
     let split: Vec<u16> =
         (0..workload.sessions.len()).map(|s| if s % 4 == 0 { 2 } else { 1 }).collect();
     let fifo = |weights: &[u16]| params("fifo", routing, weights);
-    // One queue (no weights), the sessions labelled with their tenants of the split.
     let boost = |weights: &[u16]| params("session-boost", routing, weights);
+    // One queue (no weights), the sessions labelled with their tenants of the split.
     let one_fifo = run(workload, engines, fifo(&[]), split.clone());
     let one_boost = run(workload, engines, boost(&[]), split.clone());
     let two_fifo = run(workload, engines, fifo(&[3, 1]), split.clone());
@@ -211,12 +212,11 @@ fn boost_within(label: &str, workload: &Workload, engines: &[EngineParams], rout
     let p50 = |r: &FleetReport, t: u16| ms(r.ttft_of(Some(t), Some(true), 50.0));
     // A tenant's follow-ups: queue wait p50 and the share of their prompt found cached.
     let follow = |r: &FleetReport, t: u16| {
-        let outcomes = r.outcomes.iter().filter(|o| o.tenant == t && o.follow_up);
-        let mut waits: Vec<f64> = outcomes.clone().map(|o| o.queued).collect();
-        let (cached, prompt) = outcomes.fold((0u64, 0u64), |(c, p), o| {
-            (c + u64::from(o.cached_tokens), p + u64::from(o.prompt_tokens))
-        });
-        let hit = cached as f64 / prompt.max(1) as f64 * 100.0;
+        let mut waits: Vec<f64> = (r.outcomes.iter())
+            .filter(|o| o.tenant == t && o.follow_up)
+            .map(|o| o.queued)
+            .collect();
+        let hit = hit_rate(r, |o| o.tenant == t && o.follow_up) * 100.0;
         format!("wait p50 {} ms, hit {hit:.0} %", ms(fleet::percentile(&mut waits, 50.0)))
     };
     println!(

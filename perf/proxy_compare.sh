@@ -366,26 +366,15 @@ done
 
 # --- Measuring ---------------------------------------------------------------------------------------
 
-proc_ticks() { # PID...: utime+stime (clock ticks) of the processes and their children
-  local pid stat fields total=0 kids
+proc_ticks() { # PID...: "utime+stime stime" (clock ticks) of the processes and their children
+  local pid stat fields total=0 sys=0 kids
   kids=$(pgrep -P "$(IFS=,; echo "$*")" || true)
   for pid in "$@" $kids; do
     stat=$(<"/proc/$pid/stat") || continue
     read -ra fields <<<"${stat##*) }" # fields[0] is field 3 (state): 14, 15 are [11], [12]
-    total=$((total + fields[11] + fields[12]))
+    total=$((total + fields[11] + fields[12])) sys=$((sys + fields[12]))
   done
-  echo "$total"
-}
-
-proc_sys_ticks() { # PID...: stime (clock ticks) of the processes and their children
-  local pid stat fields total=0 kids
-  kids=$(pgrep -P "$(IFS=,; echo "$*")" || true)
-  for pid in "$@" $kids; do
-    stat=$(<"/proc/$pid/stat") || continue
-    read -ra fields <<<"${stat##*) }"
-    total=$((total + fields[12]))
-  done
-  echo "$total"
+  echo "$total $sys"
 }
 
 data_segments() { # TCP segments with data sent on this machine since boot (loopback: every leg)
@@ -402,15 +391,13 @@ run_wrk() { # SCENARIO TARGET SECONDS: prints wrk's RESULT line, the proxy's tic
   local scenario=$1 target=$2 seconds=$3 t0 t1 c0 c1 s0 s1 g0 g1 out key
   key=$(key_of "$scenario" "$target")
   c0=$(core_busy)
-  t0=$(proc_ticks "${CPU_PIDS[$key]}")
-  s0=$(proc_sys_ticks "${CPU_PIDS[$key]}")
+  read -r t0 s0 <<<"$(proc_ticks "${CPU_PIDS[$key]}")"
   g0=$(data_segments)
   out=$(BODY_FILE=$(scenario_body "$scenario") "${PIN_LOAD[@]}" wrk -t1 -c"$(scenario_conns "$scenario")" \
     -d"${seconds}s" --timeout 2s -s "$HERE/post.lua" \
     "$(url "$key")$(scenario_path "$scenario")" 2>&1) ||
     die "wrk against $target ($scenario) failed: $out"
-  t1=$(proc_ticks "${CPU_PIDS[$key]}")
-  s1=$(proc_sys_ticks "${CPU_PIDS[$key]}")
+  read -r t1 s1 <<<"$(proc_ticks "${CPU_PIDS[$key]}")"
   g1=$(data_segments)
   c1=$(core_busy)
   grep -q '^RESULT' <<<"$out" || die "wrk against $target ($scenario) gave no result: $out"
@@ -490,9 +477,9 @@ awk -F'\t' -v scenarios="$SCENARIOS" -v targets="${active[*]}" -v tck="$CLK_TCK"
     add(key, "other", other < 0 ? 0 : other)
     # A run that completed no request has no latency and no CPU per request: it is counted
     # as stalled and left out of those medians.
+    if ($10 > 0) add(key, "sys", 100 * $12 / $10)
     if ($4 > 0) { add(key, "p50", $6); add(key, "p99", $7); add(key, "cpu", cpu * 1e6 / $4)
       add(key, "segs", $13 / $4) }
-    if ($10 > 0) add(key, "sys", 100 * $12 / $10)
     else stalled[key]++
     errs[key] += $8; sock[key] += $9
     if ($2 != "direct" && $4 >= 1000 && (min_ticks == "" || $10 < min_ticks)) min_ticks = $10

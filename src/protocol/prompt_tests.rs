@@ -30,7 +30,7 @@ fn by_hand(text: &[u8], block: usize) -> Vec<u64> {
         .map(|b| {
             let pair: Vec<u8> =
                 chain.to_le_bytes().into_iter().chain(xxh3_64(b).to_le_bytes()).collect();
-            chain = xxhash_rust::xxh3::xxh3_64(&pair);
+            chain = xxh3_64(&pair);
             chain
         })
         .collect()

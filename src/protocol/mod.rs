@@ -61,10 +61,10 @@ pub use forward::{write_upstream_head, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, BodyFields, FieldValue, ModelField};
 pub use prompt::{find_model_and_prompt, scan_body, Ends, PromptHasher};
 pub use relay::{BodyProgress, BodyRelay};
-pub use request::{parse_request_head, Framing, RequestHead};
+pub use request::{parse_request_head, parse_request_head_into, Framing, RequestHead};
 pub use response::{
-    parse_response_head, reason_phrase, write_client_response_head, write_error,
-    write_protocol_error, ClientInfo, RelayPlan, ResponseFraming, ResponseHead,
+    parse_response_head, parse_response_head_into, reason_phrase, write_client_response_head,
+    write_error, write_protocol_error, ClientInfo, RelayPlan, ResponseFraming, ResponseHead,
 };
 pub use usage::{Usage, UsageScanner};
 
@@ -128,6 +128,9 @@ pub struct Span {
 }
 
 impl Span {
+    /// The empty span at 0.
+    pub const EMPTY: Span = Span { start: 0, end: 0 };
+
     /// The bytes of this span in `buf`, the buffer the head was parsed from.
     ///
     /// # Panics
@@ -167,12 +170,27 @@ pub struct HeaderSpan {
     pub value: Span,
 }
 
-/// The header lines of a head, in order, stored inline.
-#[derive(Clone, PartialEq, Eq)]
+impl HeaderSpan {
+    const EMPTY: HeaderSpan = HeaderSpan { name: Span::EMPTY, value: Span::EMPTY };
+}
+
+/// The header lines of a head, in order, stored inline: [`HEADERS_MAX`] spans, 2 KiB. A
+/// parser fills a list in place ([`parse_request_head_into`], [`parse_response_head_into`]) and
+/// writes only the lines the head has, so a list kept with its connection is neither cleared
+/// nor copied per message; the spans past `len` are left from earlier heads and never read.
+#[derive(Clone)]
 pub struct HeaderList {
     spans: [HeaderSpan; HEADERS_MAX],
     len: u8,
 }
+
+impl PartialEq for HeaderList {
+    fn eq(&self, other: &HeaderList) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for HeaderList {}
 
 impl std::fmt::Debug for HeaderList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,17 +199,19 @@ impl std::fmt::Debug for HeaderList {
 }
 
 impl HeaderList {
-    fn from_httparse(buf: &[u8], headers: &[httparse::Header<'_>]) -> HeaderList {
+    /// No lines.
+    pub const EMPTY: HeaderList = HeaderList { spans: [HeaderSpan::EMPTY; HEADERS_MAX], len: 0 };
+
+    /// Makes the list `headers`, spans into `buf`.
+    fn fill(&mut self, buf: &[u8], headers: &[httparse::Header<'_>]) {
         debug_assert!(headers.len() <= HEADERS_MAX);
-        let mut list = HeaderList { spans: [HeaderSpan::default(); HEADERS_MAX], len: 0 };
-        for (slot, h) in list.spans.iter_mut().zip(headers) {
+        for (slot, h) in self.spans.iter_mut().zip(headers) {
             *slot = HeaderSpan {
                 name: Span::of(buf, h.name.as_bytes()),
                 value: Span::of(buf, h.value),
             };
         }
-        list.len = headers.len() as u8;
-        list
+        self.len = headers.len() as u8;
     }
 
     /// The header lines in order.

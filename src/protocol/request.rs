@@ -54,7 +54,27 @@ pub struct RequestHead {
     pub request_id: Option<Span>,
 }
 
+impl Default for RequestHead {
+    fn default() -> RequestHead {
+        RequestHead::EMPTY
+    }
+}
+
 impl RequestHead {
+    /// An empty head, for a parser to fill ([`parse_request_head_into`]).
+    pub const EMPTY: RequestHead = RequestHead {
+        method: Span::EMPTY,
+        target: Span::EMPTY,
+        version: Version::Http11,
+        headers: HeaderList::EMPTY,
+        head_len: 0,
+        framing: Framing::None,
+        keep_alive: false,
+        expect_continue: false,
+        session_id: None,
+        request_id: None,
+    };
+
     /// The method, e.g. `b"POST"`.
     pub fn method<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
         self.method.get(buf)
@@ -106,6 +126,20 @@ pub fn parse_request_head(
     buf: &[u8],
     limits: &Limits,
 ) -> Result<Option<RequestHead>, ProtocolError> {
+    let mut head = RequestHead::EMPTY;
+    Ok(parse_request_head_into(buf, limits, &mut head)?.then_some(head))
+}
+
+/// [`parse_request_head`] into `head`, which a connection keeps from one request to the next:
+/// `Ok(true)` when the head was complete and `head` is it. On `Ok(false)` or an error `head` is
+/// left in some state nothing should read. The router's hot path parses this way, so that a
+/// head's 2 KiB of header spans are written once, where they are kept, and neither cleared
+/// beforehand nor copied afterwards.
+pub fn parse_request_head_into(
+    buf: &[u8],
+    limits: &Limits,
+    head: &mut RequestHead,
+) -> Result<bool, ProtocolError> {
     let err = ProtocolError::downstream;
     let window = &buf[..buf.len().min(limits.max_header_bytes).min(u32::MAX as usize)];
     let mut raw = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HEADERS_MAX];
@@ -117,34 +151,45 @@ pub fn parse_request_head(
     let httparse::Status::Complete(head_len) = status else {
         return match window.len() >= limits.max_header_bytes {
             true => Err(err(ErrorKind::HeadTooLarge)),
-            false => Ok(None),
+            false => Ok(false),
         };
     };
     let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
         return Err(err(ErrorKind::InvalidStartLine));
     };
     let version = Version::from_minor(minor);
-    let headers = HeaderList::from_httparse(buf, req.headers);
-    let facts = gather(buf, &headers, limits)?;
+    head.headers.fill(buf, req.headers);
+    let facts = gather(buf, &head.headers, limits)?;
     let framing = framing(&facts, version, limits)?;
     if facts.hosts > 1 || version == Version::Http11 && facts.hosts == 0 {
         return Err(err(ErrorKind::InvalidHost));
     }
-    Ok(Some(RequestHead {
-        method: Span::of(buf, method.as_bytes()),
-        target: Span::of(buf, target.as_bytes()),
-        version,
-        headers,
-        head_len,
-        framing,
-        keep_alive: match version {
-            Version::Http11 => !facts.close,
-            Version::Http10 => facts.keep_alive && !facts.close,
-        },
-        expect_continue: facts.expect_continue,
-        session_id: facts.session_id,
-        request_id: facts.request_id,
-    }))
+    // Every field but the spans already written, named so that a new field cannot be missed.
+    let RequestHead {
+        method: head_method,
+        target: head_target,
+        version: head_version,
+        headers: _,
+        head_len: head_head_len,
+        framing: head_framing,
+        keep_alive,
+        expect_continue,
+        session_id,
+        request_id,
+    } = head;
+    *head_method = Span::of(buf, method.as_bytes());
+    *head_target = Span::of(buf, target.as_bytes());
+    *head_version = version;
+    *head_head_len = head_len;
+    *head_framing = framing;
+    *keep_alive = match version {
+        Version::Http11 => !facts.close,
+        Version::Http10 => facts.keep_alive && !facts.close,
+    };
+    *expect_continue = facts.expect_continue;
+    *session_id = facts.session_id;
+    *request_id = facts.request_id;
+    Ok(true)
 }
 
 /// One pass over the header lines.

@@ -222,3 +222,24 @@ fn content_length_parser() {
         assert_eq!(parse_content_length(bad), None);
     }
 }
+
+/// A head parsed into one kept from an earlier request is the head parsed afresh: every field
+/// is rewritten, and the earlier head's extra header lines are not among the new one's.
+#[test]
+fn a_head_parsed_in_place_over_another_is_the_fresh_parse() {
+    let earlier = b"POST /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\nExpect: 100-continue\r\n\
+Transfer-Encoding: chunked\r\nX-Session-ID: s1\r\nX-Request-ID: r1\r\nX-One: 1\r\nX-Two: 2\r\n\r\n";
+    let later = b"GET /b HTTP/1.1\r\nHost: b\r\n\r\n";
+    let mut kept = RequestHead::EMPTY;
+    assert_eq!(parse_request_head_into(earlier, &limits(), &mut kept), Ok(true));
+    assert_eq!(kept.headers.as_slice().len(), 8);
+    assert!(!kept.keep_alive && kept.framing == Framing::Chunked);
+    assert_eq!(parse_request_head_into(later, &limits(), &mut kept), Ok(true));
+    assert_eq!(kept, head(later));
+    assert_eq!(kept.headers.as_slice().len(), 1);
+    assert_eq!((kept.session_id, kept.request_id, kept.expect_continue), (None, None, false));
+    // An incomplete head says so; a complete one parsed after it is whole.
+    assert_eq!(parse_request_head_into(&later[..10], &limits(), &mut kept), Ok(false));
+    assert_eq!(parse_request_head_into(POST, &limits(), &mut kept), Ok(true));
+    assert_eq!(kept, head(POST));
+}

@@ -58,7 +58,25 @@ pub struct ResponseHead {
     pub is_event_stream: bool,
 }
 
+impl Default for ResponseHead {
+    fn default() -> ResponseHead {
+        ResponseHead::EMPTY
+    }
+}
+
 impl ResponseHead {
+    /// An empty head, for a parser to fill ([`parse_response_head_into`]).
+    pub const EMPTY: ResponseHead = ResponseHead {
+        status: 0,
+        reason: Span::EMPTY,
+        version: Version::Http11,
+        headers: HeaderList::EMPTY,
+        head_len: 0,
+        framing: ResponseFraming::None,
+        keep_alive: false,
+        is_event_stream: false,
+    };
+
     /// A 1xx interim response: another head follows.
     pub fn is_interim(&self) -> bool {
         (100..200).contains(&self.status)
@@ -73,6 +91,21 @@ pub fn parse_response_head(
     max_header_bytes: usize,
     request_was_head: bool,
 ) -> Result<Option<ResponseHead>, ProtocolError> {
+    let mut head = ResponseHead::EMPTY;
+    let complete = parse_response_head_into(buf, max_header_bytes, request_was_head, &mut head)?;
+    Ok(complete.then_some(head))
+}
+
+/// [`parse_response_head`] into `head`, which an upstream connection keeps from one response
+/// to the next: `Ok(true)` when the head was complete and `head` is it; on `Ok(false)` or an
+/// error `head` is left in some state nothing should read (as
+/// [`parse_request_head_into`](super::parse_request_head_into)).
+pub fn parse_response_head_into(
+    buf: &[u8],
+    max_header_bytes: usize,
+    request_was_head: bool,
+    head: &mut ResponseHead,
+) -> Result<bool, ProtocolError> {
     let err = ProtocolError::upstream;
     let window = &buf[..buf.len().min(max_header_bytes).min(u32::MAX as usize)];
     let mut raw = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HEADERS_MAX];
@@ -83,7 +116,7 @@ pub fn parse_response_head(
     let httparse::Status::Complete(head_len) = status else {
         return match window.len() >= max_header_bytes {
             true => Err(err(ErrorKind::HeadTooLarge)),
-            false => Ok(None),
+            false => Ok(false),
         };
     };
     let (Some(code), Some(minor)) = (res.code, res.version) else {
@@ -95,8 +128,8 @@ pub fn parse_response_head(
         return Err(err(ErrorKind::InvalidStartLine));
     }
     let version = Version::from_minor(minor);
-    let headers = HeaderList::from_httparse(buf, res.headers);
-    let facts = gather(buf, &headers, version)?;
+    head.headers.fill(buf, res.headers);
+    let facts = gather(buf, &head.headers, version)?;
     let framing = if request_was_head || matches!(code, 100..=199 | 204 | 304) {
         ResponseFraming::None
     } else if facts.chunked {
@@ -110,16 +143,25 @@ pub fn parse_response_head(
         Version::Http11 => !facts.close,
         Version::Http10 => facts.keep_alive && !facts.close,
     };
-    Ok(Some(ResponseHead {
-        status: code,
-        reason: res.reason.map_or(Span::default(), |r| Span::of(buf, r.as_bytes())),
-        version,
-        headers,
-        head_len,
-        framing,
-        keep_alive: persistent && framing != ResponseFraming::UntilClose,
-        is_event_stream: facts.event_stream,
-    }))
+    // Every field but the spans already written, named so that a new field cannot be missed.
+    let ResponseHead {
+        status,
+        reason,
+        version: head_version,
+        headers: _,
+        head_len: head_head_len,
+        framing: head_framing,
+        keep_alive,
+        is_event_stream,
+    } = head;
+    *status = code;
+    *reason = res.reason.map_or(Span::EMPTY, |r| Span::of(buf, r.as_bytes()));
+    *head_version = version;
+    *head_head_len = head_len;
+    *head_framing = framing;
+    *keep_alive = persistent && framing != ResponseFraming::UntilClose;
+    *is_event_stream = facts.event_stream;
+    Ok(true)
 }
 
 #[derive(Debug, Default)]

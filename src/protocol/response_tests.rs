@@ -183,3 +183,18 @@ fn protocol_errors_close_the_connection() {
     assert!(text.contains("Connection: close\r\n"));
     assert!(text.contains("\"code\":\"headers_too_large\""));
 }
+
+/// A response head parsed into one kept from an earlier response is the head parsed afresh.
+#[test]
+fn a_head_parsed_in_place_over_another_is_the_fresh_parse() {
+    let earlier: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+Transfer-Encoding: chunked\r\nX-One: 1\r\nX-Two: 2\r\n\r\n";
+    let later: &[u8] = b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+    let mut kept = ResponseHead::EMPTY;
+    assert_eq!(parse_response_head_into(earlier, 4096, false, &mut kept), Ok(true));
+    assert!(kept.is_event_stream && kept.headers.as_slice().len() == 4);
+    assert_eq!(parse_response_head_into(later, 4096, false, &mut kept), Ok(true));
+    assert_eq!(kept, parse(later));
+    assert_eq!(kept.headers.as_slice().len(), 1);
+    assert_eq!(parse_response_head_into(&earlier[..20], 4096, false, &mut kept), Ok(false));
+}

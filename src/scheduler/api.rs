@@ -13,7 +13,7 @@ use super::policy::{Routing, Snapshot};
 /// Encoding, when made by [`RequestId::new`]: high 16 bits, the index of the shard that owns the
 /// client connection (where admissions and rejections are sent back); low 48 bits, that shard's
 /// serial number. The scheduler core itself only compares ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct RequestId(pub u64);
 
 impl RequestId {

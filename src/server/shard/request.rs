@@ -68,7 +68,7 @@ impl Session {
 }
 
 /// The request a client connection is working on. Its head's spans point into `Client::rbuf`.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Request {
     pub(super) head: RequestHead,
     pub(super) id: RequestId,
@@ -122,44 +122,68 @@ pub(super) struct Request {
 }
 
 impl Request {
-    /// A request whose head was parsed at `now`; `decoded` (emptied) holds its decoded body.
-    fn new(
-        head: RequestHead,
-        decoder: Option<ChunkedDecoder>,
-        now: Tick,
-        decoded: Vec<u8>,
-    ) -> Self {
-        let (raw_len, keep_alive) = (head.head_len, head.keep_alive);
-        Request {
+    /// Starts the slot over for the request whose head was just parsed into it at `now`: every
+    /// field but the head as a new request has it; the decoded body's buffer, emptied, keeps
+    /// its capacity.
+    fn reset(&mut self, decoder: Option<ChunkedDecoder>, now: Tick) {
+        // Every field named, so that a new one cannot be left out of the reset.
+        let Request {
             head,
-            id: RequestId(0),
-            model: None,
-            tenant: crate::server::generation::NO_TENANT,
-            decoder,
+            id,
+            model,
+            tenant,
+            decoder: chunked,
             decoded,
             raw_len,
-            started: now,
-            streaming: false,
-            model_token: 0..0,
-            session: Session::None,
-            admission: None,
-            buffered: 0,
-            reconnected: false,
-            forwarded_at: 0,
-            first_byte_sent: false,
-            status: 0,
+            started,
+            streaming,
+            model_token,
+            session,
+            admission,
+            buffered,
+            reconnected,
+            forwarded_at,
+            first_byte_sent,
+            status,
             keep_alive,
-            complete: None,
-            bytes_out: 0,
-            ttfb: None,
-            failure: None,
-            usage: UsageScanner::new(),
-            reservation: None,
-            prompt_estimate: 0,
-            limited: None,
-            tokens_reserved: None,
-            tokens_used: None,
-        }
+            complete,
+            bytes_out,
+            ttfb,
+            failure,
+            usage,
+            reservation,
+            prompt_estimate,
+            limited,
+            tokens_reserved,
+            tokens_used,
+        } = self;
+        *id = RequestId(0);
+        *model = None;
+        *tenant = crate::server::generation::NO_TENANT;
+        *chunked = decoder;
+        decoded.clear();
+        *raw_len = head.head_len;
+        *started = now;
+        *streaming = false;
+        *model_token = 0..0;
+        *session = Session::None;
+        *admission = None;
+        *buffered = 0;
+        *reconnected = false;
+        *forwarded_at = 0;
+        *first_byte_sent = false;
+        *status = 0;
+        *keep_alive = head.keep_alive;
+        *complete = None;
+        *bytes_out = 0;
+        *ttfb = None;
+        *failure = None;
+        *usage = UsageScanner::new();
+        *reservation = None;
+        *prompt_estimate = 0;
+        *limited = None;
+        *tokens_reserved = None;
+        *tokens_used = None;
     }
 
     /// The body of a complete request: in the client's buffer `rbuf` after the head, or
@@ -196,29 +220,29 @@ pub(super) struct Requests {
 }
 
 impl Requests {
-    /// A slot for a request whose head was just parsed at `now`: the free slot given back
-    /// last, or a new one. Every field starts over; the decoded body's buffer keeps its
-    /// capacity.
-    pub(super) fn start(
-        &mut self,
-        head: RequestHead,
-        decoder: Option<ChunkedDecoder>,
-        now: Tick,
-    ) -> u32 {
-        match self.free.pop() {
-            Some(slot) => {
-                let request = &mut self.slots[slot as usize];
-                let mut decoded = std::mem::take(&mut request.decoded);
-                decoded.clear();
-                *request = Request::new(head, decoder, now, decoded);
-                slot
-            }
+    /// The head the next [`start`](Requests::start) takes: the head of the free slot given
+    /// back last, or of a new slot. The request's head is parsed into it in place
+    /// ([`parse_request_head_into`](crate::protocol::parse_request_head_into)), so its 2 KiB
+    /// of header spans are not copied into the slot afterwards.
+    pub(super) fn next_head(&mut self) -> &mut RequestHead {
+        let slot = match self.free.last() {
+            Some(&slot) => slot,
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("fewer slots than connections");
-                self.slots.push(Request::new(head, decoder, now, Vec::new()));
+                self.slots.push(Request::default());
+                self.free.push(slot);
                 slot
             }
-        }
+        };
+        &mut self.slots[slot as usize].head
+    }
+
+    /// Takes the slot whose head [`next_head`](Requests::next_head) gave, for the request
+    /// parsed into it at `now`; every other field starts over.
+    pub(super) fn start(&mut self, decoder: Option<ChunkedDecoder>, now: Tick) -> u32 {
+        let slot = self.free.pop().expect("a head parsed into next_head's slot");
+        self.slots[slot as usize].reset(decoder, now);
+        slot
     }
 
     /// The request in `slot` ended: the slot is free (its decoded body's buffer kept up to
@@ -319,24 +343,27 @@ mod tests {
         assert_ne!(hash_session(b"abc"), hash_session(b"abd"));
     }
 
-    fn head(text: &[u8]) -> RequestHead {
+    /// Starts a `GET` at `now` as the client room does: its head parsed into the next slot.
+    fn start_get(requests: &mut Requests, now: Tick) -> u32 {
         let limits = crate::protocol::Limits::default();
-        crate::protocol::parse_request_head(text, &limits).expect("valid").expect("complete")
+        let text = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        let parsed = crate::protocol::parse_request_head_into(text, &limits, requests.next_head());
+        assert_eq!(parsed, Ok(true));
+        requests.start(None, now)
     }
 
     /// The slot given back last is the next one taken, every field started over and its
     /// decoded body's buffer kept (up to `DECODED_KEEP_MAX`).
     #[test]
     fn slots_are_reused_last_in_first_out() {
-        let get = head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
         let mut requests = Requests::default();
-        let a = requests.start(get.clone(), None, 1);
-        let b = requests.start(get.clone(), None, 1);
+        let a = start_get(&mut requests, 1);
+        let b = start_get(&mut requests, 1);
         assert_ne!(a, b);
         requests[a].decoded.extend_from_slice(b"chunk");
         requests[a].status = 200;
         requests.release(a);
-        let again = requests.start(get.clone(), None, 2);
+        let again = start_get(&mut requests, 2);
         assert_eq!(again, a);
         assert_eq!((requests[a].status, requests[a].started), (0, 2), "every field starts over");
         assert!(requests[a].decoded.is_empty() && requests[a].decoded.capacity() >= 5);
@@ -350,18 +377,16 @@ mod tests {
     /// a smaller one stays.
     #[test]
     fn an_idle_arena_gives_a_burst_back() {
-        let get = head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
         let mut requests = Requests::default();
         let burst: Vec<u32> =
-            (0..SLOTS_KEPT_IDLE + 10).map(|_| requests.start(get.clone(), None, 1)).collect();
+            (0..SLOTS_KEPT_IDLE + 10).map(|_| start_get(&mut requests, 1)).collect();
         for &slot in &burst[1..] {
             requests.release(slot);
         }
         assert_eq!(requests.slots.len(), SLOTS_KEPT_IDLE + 10, "one is still in flight");
         requests.release(burst[0]);
         assert_eq!((requests.slots.len(), requests.in_flight()), (SLOTS_KEPT_IDLE, 0));
-        let taken: Vec<u32> =
-            (0..SLOTS_KEPT_IDLE).map(|_| requests.start(get.clone(), None, 2)).collect();
+        let taken: Vec<u32> = (0..SLOTS_KEPT_IDLE).map(|_| start_get(&mut requests, 2)).collect();
         assert!(taken.iter().all(|&slot| (slot as usize) < SLOTS_KEPT_IDLE));
         assert_eq!(requests.slots.len(), SLOTS_KEPT_IDLE, "the kept slots are reused");
     }

@@ -12,8 +12,8 @@ use slab::Slab;
 
 use crate::clock::Tick;
 use crate::protocol::{
-    parse_response_head, write_client_response_head, write_upstream_head, BodyRelay, ClientInfo,
-    ForwardInfo, RelayPlan, ResponseFraming,
+    parse_response_head_into, write_client_response_head, write_upstream_head, BodyRelay,
+    ClientInfo, ForwardInfo, RelayPlan, ResponseFraming, ResponseHead,
 };
 use crate::scheduler::{Input, Lane};
 use crate::server::metrics::UpstreamError;
@@ -114,15 +114,23 @@ impl Upstream {
 
     /// Parses the response head once it is complete and writes the client's head (S12's debug
     /// headers when `server.debug_headers`); `Relayed` with the head's length.
-    fn relay_head(&mut self, c: &mut Client, req: &mut Request, cx: &mut Cx) -> HeadRelay {
+    /// `head` is the shard's one response head, parsed into in place.
+    fn relay_head(
+        &mut self,
+        head: &mut ResponseHead,
+        c: &mut Client,
+        req: &mut Request,
+        cx: &mut Cx,
+    ) -> HeadRelay {
         let gen = cx.gen;
         let max_head = gen.config.server.max_header_bytes as usize;
-        let parsed = parse_response_head(&self.rbuf[..self.rlen], max_head, self.request_was_head);
-        let head = match parsed {
-            Ok(Some(head)) => head,
-            Ok(None) => return HeadRelay::Incomplete,
+        let rbuf = &self.rbuf[..self.rlen];
+        match parse_response_head_into(rbuf, max_head, self.request_was_head, head) {
+            Ok(true) => {}
+            Ok(false) => return HeadRelay::Incomplete,
             Err(_) => return HeadRelay::Malformed,
-        };
+        }
+        let head = &*head;
         if head.is_interim() {
             if head.status == 101 {
                 return HeadRelay::Malformed;
@@ -158,7 +166,7 @@ impl Upstream {
             ("x-warmpath-session-source", req.session.source_name().as_bytes()),
         ];
         let extra: &[(&str, &[u8])] = if gen.config.server.debug_headers { &debug } else { &[] };
-        let plan = write_client_response_head(&head, &self.rbuf, &mut c.wbuf, &client, extra);
+        let plan = write_client_response_head(head, &self.rbuf, &mut c.wbuf, &client, extra);
         self.plan = plan;
         self.framing = Some(head.framing);
         self.keep_alive = head.keep_alive;
@@ -219,6 +227,8 @@ pub(super) struct Upstreams {
     /// The head of the request being forwarded (it swaps with the connection's old write
     /// buffer), and the relay's decoding scratch.
     scratch: Vec<u8>,
+    /// The response head being relayed, parsed into in place (its header spans are 2 KiB).
+    head: ResponseHead,
 }
 
 impl Upstreams {
@@ -227,6 +237,7 @@ impl Upstreams {
             conns: Slab::new(),
             pools: gen.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect(),
             scratch: Vec::with_capacity(16 << 10),
+            head: ResponseHead::EMPTY,
         }
     }
 
@@ -557,7 +568,7 @@ impl Upstreams {
         let mut consumed = 0;
         let head_now = u.framing.is_none();
         if head_now {
-            match u.relay_head(c, req, cx) {
+            match u.relay_head(&mut self.head, c, req, cx) {
                 HeadRelay::Incomplete => return,
                 HeadRelay::Interim => return self.relay(up, clients, cx),
                 HeadRelay::Malformed => {

@@ -8,8 +8,7 @@ use std::borrow::Cow;
 use crate::clock::Tick;
 use crate::protocol::prompt::PromptHasher;
 use crate::protocol::{
-    parse_request_head, scan_body, BodyFields, ChunkedDecoder, FieldValue, Framing, RequestHead,
-    Side, Span,
+    parse_request_head_into, scan_body, BodyFields, ChunkedDecoder, FieldValue, Framing, Side, Span,
 };
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::scheduler::{Arrival, Input, RequestId};
@@ -117,14 +116,15 @@ impl Clients {
         if c.rlen == 0 {
             return false;
         }
-        let parsed = parse_request_head(&c.rbuf[..c.rlen], &cx.gen.limits);
+        let head = self.requests.next_head();
+        let parsed = parse_request_head_into(&c.rbuf[..c.rlen], &cx.gen.limits, head);
         let now = cx.now();
         match parsed {
             Err(e) => {
                 self.protocol_error(key, e, None, upstreams, cx);
                 false
             }
-            Ok(None) => {
+            Ok(false) => {
                 // Bytes of a head arrived: the header timeout runs from the first of them.
                 if c.req.is_none() && !c.gone {
                     let deadline = now + cx.timeouts.header;
@@ -135,29 +135,23 @@ impl Clients {
                 }
                 false
             }
-            Ok(Some(head)) => {
-                self.begin(key, head, now, upstreams, cx);
+            Ok(true) => {
+                self.begin(key, now, upstreams, cx);
                 true
             }
         }
     }
 
-    /// A request's head is parsed: it takes the connection's request slot, shows its API key
-    /// when tenants are configured (issue [11]), and waits for its body (answering
+    /// A request's head is parsed (into the next request slot): it takes that slot, shows its
+    /// API key when tenants are configured (issue [11]), and waits for its body (answering
     /// `100 Continue` when asked).
-    fn begin(
-        &mut self,
-        key: usize,
-        head: RequestHead,
-        now: Tick,
-        upstreams: &mut Upstreams,
-        cx: &mut Cx,
-    ) {
+    fn begin(&mut self, key: usize, now: Tick, upstreams: &mut Upstreams, cx: &mut Cx) {
+        let head = self.requests.next_head();
         let expect = head.expect_continue && head.framing != Framing::None;
         let decoder = (head.framing == Framing::Chunked)
             .then(|| ChunkedDecoder::new(cx.gen.limits.chunked(), Side::Downstream));
         let c = &mut self.conns[key];
-        let slot = self.requests.start(head, decoder, now);
+        let slot = self.requests.start(decoder, now);
         c.req = Some(slot);
         if cx.gen.auth_required() {
             let req = &mut self.requests[slot];

@@ -16,12 +16,16 @@
 # only): it writes each response's head and body in two sends 1 ms apart, as uvicorn (vLLM's
 # server) does, so the router reads them apart and shows whether it writes them apart.
 #
+# RATE (requests/s) replaces wrk's closed loop with `BINARY bench --workload fixed-rate` at that
+# paced rate over CONNS connections (the small scenario only): requests that arrive one at a
+# time, as in perf/latency_open_loop.sh, where no event loop wake-up is shared by two requests.
+#
 # EVENT_GAP_MS > 0 has the stream's backend pause that long after each event (echo_sleep), so
 # that each event is its own read (see perf/proxy_instructions.sh).
 #
 # Usage: perf/proxy_syscalls.sh BINARY...
 # Environment (defaults): SCENARIO=small (or stream, body64k) SHARDS=1 CONNS=4 DURATION=5
-#   WARMUP=200 BASE_PORT=18400 BACKEND=nginx (or split) EVENT_GAP_MS=0. Needs strace, wrk and nginx with the
+#   WARMUP=200 BASE_PORT=18400 BACKEND=nginx (or split) EVENT_GAP_MS=0 RATE=. Needs strace, wrk and nginx with the
 #   echo module (as proxy_compare.sh); python3 for BACKEND=split.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +39,8 @@ WARMUP=${WARMUP:-200}
 BASE_PORT=${BASE_PORT:-18400}
 BACKEND=${BACKEND:-nginx}
 EVENT_GAP_MS=${EVENT_GAP_MS:-0}
+RATE=${RATE:-}
+[[ -z $RATE || $SCENARIO == small ]] || { echo "RATE is for the small scenario" >&2; exit 2; }
 ECHO_MODULE=/usr/lib/nginx/modules/ngx_http_echo_module.so
 (($# > 0)) || { sed -n '2,25p' "$0" >&2; exit 2; }
 for tool in strace wrk nginx curl; do
@@ -62,8 +68,8 @@ per_request() { # STRACE_OUT REQUESTS -> "name=calls/request ..." (0.01 and abov
     END { sub(/, $/, "", line); printf "%.2f | %s\n", total, line }' "$1"
 }
 
-echo "| binary | sha256 | scenario | backend | shards | conns | requests measured | syscalls per request | of which (per request) |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| binary | sha256 | scenario | backend | shards | conns | load | requests measured | syscalls per request | of which (per request) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for bin in "$@"; do
   "$bin" serve --config "$TMP/warmpath/warmpath.toml" >"$TMP/router.log" 2>&1 &
   pid=$!
@@ -77,15 +83,22 @@ for bin in "$@"; do
   strace -c -f -p "$pid" -o "$TMP/strace.out" 2>"$TMP/strace.log" &
   spid=$!
   sleep 1 # attached to every thread
-  BODY_FILE=$TMP/body.json wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 10s -s "$HERE/post.lua" \
-    "http://127.0.0.1:$PORT$path" >"$TMP/wrk.log" 2>&1
+  if [[ -n $RATE ]]; then
+    "$bin" bench --workload fixed-rate --target "http://127.0.0.1:$PORT" --model bench-model \
+      --rate "$RATE" --duration "${DURATION}s" --connections "$CONNS" --label paced \
+      --out "$TMP/out" --no-progress >"$TMP/load.log" 2>&1
+  else
+    BODY_FILE=$TMP/body.json wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 10s -s "$HERE/post.lua" \
+      "http://127.0.0.1:$PORT$path" >"$TMP/load.log" 2>&1
+  fi
   n1=$(answered)
   kill -INT "$spid"
   wait "$spid" 2>/dev/null || true
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true
   n=$((n1 - n0))
-  ((n > 0)) || { echo "$bin answered nothing during the wrk run" >&2; exit 1; }
-  printf '| %s | %s | %s | %s | %s | %s | %d | %s |\n' "$bin" "$(sha256sum "$bin" | cut -c1-12)" \
-    "$SCENARIO" "$BACKEND" "$SHARDS" "$CONNS" "$n" "$(per_request "$TMP/strace.out" "$n")"
+  ((n > 0)) || { echo "$bin answered nothing during the load run" >&2; exit 1; }
+  printf '| %s | %s | %s | %s | %s | %s | %s | %d | %s |\n' "$bin" "$(sha256sum "$bin" | cut -c1-12)" \
+    "$SCENARIO" "$BACKEND" "$SHARDS" "$CONNS" "${RATE:+$RATE/s paced}${RATE:-wrk}" "$n" \
+    "$(per_request "$TMP/strace.out" "$n")"
 done

@@ -28,9 +28,10 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use super::chunked::is_token_char;
 use super::relay::UPSTREAM_CHUNK_LIMITS;
 use super::{
-    find_model, parse_request_head, parse_response_head, write_client_response_head,
-    write_upstream_head, BodyRelay, ChunkedDecoder, ChunkedLimits, ClientInfo, ErrorKind,
-    ForwardInfo, Framing, Limits, ModelError, ResponseFraming, Side, Version,
+    find_model, parse_request_head, parse_request_head_into, parse_response_head,
+    parse_response_head_into, write_client_response_head, write_upstream_head, BodyRelay,
+    ChunkedDecoder, ChunkedLimits, ClientInfo, ErrorKind, ForwardInfo, Framing, Limits, ModelError,
+    RequestHead, ResponseFraming, ResponseHead, Side, Version,
 };
 
 #[path = "harness_prompt.rs"]
@@ -651,12 +652,43 @@ pub fn check_http_request(mut data: &[u8]) {
     let whole = drive(data, || usize::MAX, &limits);
     let split = drive(data, pieces(seed.max(1)), &limits);
     assert_eq!(whole, split, "splitting the input changed the outcome");
+    check_in_place(data, &limits, seed & 1 == 1);
     if let Ok(Some(head)) = parse_response_head(data, limits.max_header_bytes, seed & 1 == 1) {
         let client = ClientInfo {
             version: if seed & 2 == 0 { Version::Http10 } else { Version::Http11 },
             keep_alive: seed & 4 == 0,
         };
         write_client_response_head(&head, data, &mut Vec::new(), &client, &[("x-a", b"b")]);
+    }
+}
+
+/// `data` parsed as a request head and as a response head into heads an earlier, longer head
+/// filled (as the shard parses, in place) must come out as the fresh parse does.
+fn check_in_place(data: &[u8], limits: &Limits, was_head: bool) {
+    let mut kept = RequestHead::EMPTY;
+    let earlier = b"POST /e HTTP/1.1\r\nHost: e\r\nConnection: close\r\nExpect: 100-continue\r\n\
+        Transfer-Encoding: chunked\r\nX-Session-ID: s\r\nX-Request-ID: r\r\nA: 1\r\nB: 2\r\n\r\n";
+    let roomy = Limits { max_header_bytes: 16_384, max_headers: 100, ..limits.clone() };
+    assert_eq!(parse_request_head_into(earlier, &roomy, &mut kept), Ok(true));
+    match (parse_request_head_into(data, limits, &mut kept), parse_request_head(data, limits)) {
+        (Ok(true), Ok(Some(fresh))) => assert_eq!(kept, fresh, "a request head parsed in place"),
+        (Ok(false), Ok(None)) => {}
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        (into, fresh) => panic!("in place {into:?}, fresh {fresh:?}"),
+    }
+    let mut kept = ResponseHead::EMPTY;
+    let earlier = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+        Transfer-Encoding: chunked\r\nA: 1\r\nB: 2\r\n\r\n";
+    assert_eq!(parse_response_head_into(earlier, 16_384, false, &mut kept), Ok(true));
+    let max = limits.max_header_bytes;
+    match (
+        parse_response_head_into(data, max, was_head, &mut kept),
+        parse_response_head(data, max, was_head),
+    ) {
+        (Ok(true), Ok(Some(fresh))) => assert_eq!(kept, fresh, "a response head parsed in place"),
+        (Ok(false), Ok(None)) => {}
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        (into, fresh) => panic!("in place {into:?}, fresh {fresh:?}"),
     }
 }
 

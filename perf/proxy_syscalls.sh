@@ -92,13 +92,16 @@ for bin in "$@"; do
       "http://127.0.0.1:$PORT$path" >"$TMP/load.log" 2>&1
   fi
   n1=$(answered)
+  load=wrk
+  [[ -z $RATE ]] || load="$RATE/s paced"
   kill -INT "$spid"
   wait "$spid" 2>/dev/null || true
+  [[ -z ${KEEP_STRACE:-} ]] || cp "$TMP/strace.out" "$KEEP_STRACE.$(basename "$bin")"
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true
   n=$((n1 - n0))
   ((n > 0)) || { echo "$bin answered nothing during the load run" >&2; exit 1; }
   printf '| %s | %s | %s | %s | %s | %s | %s | %d | %s |\n' "$bin" "$(sha256sum "$bin" | cut -c1-12)" \
-    "$SCENARIO" "$BACKEND" "$SHARDS" "$CONNS" "${RATE:+$RATE/s paced}${RATE:-wrk}" "$n" \
+    "$SCENARIO" "$BACKEND" "$SHARDS" "$CONNS" "$load" "$n" \
     "$(per_request "$TMP/strace.out" "$n")"
 done

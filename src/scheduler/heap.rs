@@ -198,9 +198,17 @@ impl<const D: usize> IndexedHeap<D> {
         position != start
     }
 
-    fn sift_down<A: HeapArena>(&mut self, mut position: usize, arena: &mut A) {
+    /// Moves the slot at `start`, which belongs there or below, down to its place: bottom-up
+    /// (Wegener, "Bottom-up heapsort", TCS 1993): the hole at `start` first goes down to a
+    /// leaf, each level's smallest child moving up into it, then the slot rises from that
+    /// leaf to its place, never above `start`. A slot sifted down is a re-keyed head whose key
+    /// grew or the last leaf moved into a hole, so it usually belongs near the bottom: the
+    /// rise is short, and the descent compares no child with it. Which child is smallest is a
+    /// coin toss to the branch predictor, so it is a [`select`], not a branch.
+    fn sift_down<A: HeapArena>(&mut self, start: usize, arena: &mut A) {
         let len = self.slots.len();
-        let moving = self.slot(position);
+        let moving = self.slot(start);
+        let mut position = start;
         loop {
             let first = D * position + 1;
             if first >= len {
@@ -209,15 +217,20 @@ impl<const D: usize> IndexedHeap<D> {
             let (mut child, mut best) = (first, self.slot(first));
             for next in first + 1..(first + D).min(len) {
                 let candidate = self.slot(next);
-                if slot_before(candidate, best, arena) {
-                    (child, best) = (next, candidate);
-                }
-            }
-            if !slot_before(best, moving, arena) {
-                break;
+                let before = slot_before(candidate, best, arena);
+                (child, best) = select(before, (next, candidate), (child, best));
             }
             self.place(position, best, arena);
             position = child;
+        }
+        while position > start {
+            let parent = (position - 1) / D;
+            let above = self.slot(parent);
+            if !slot_before(moving, above, arena) {
+                break;
+            }
+            self.place(position, above, arena);
+            position = parent;
         }
         self.place(position, moving, arena);
     }
@@ -240,6 +253,19 @@ impl<const D: usize> IndexedHeap<D> {
             }
         }
     }
+}
+
+/// `if pick { a } else { b }` by masks, without a branch: `std::hint::select_unpredictable`
+/// (Rust 1.88) for a crate that supports 1.85. For a choice the branch predictor cannot learn.
+#[inline(always)]
+fn select(pick: bool, a: (usize, Slot), b: (usize, Slot)) -> (usize, Slot) {
+    let mask = 0u64.wrapping_sub(u64::from(pick));
+    let choose = |x: u64, y: u64| (x & mask) | (y & !mask);
+    let slot = Slot {
+        key: choose(a.1.key, b.1.key),
+        index: choose(u64::from(a.1.index), u64::from(b.1.index)) as u32,
+    };
+    (choose(a.0 as u64, b.0 as u64) as usize, slot)
 }
 
 /// Whether slot `a` goes before slot `b`: the smaller key, ties by the arena.

@@ -186,8 +186,20 @@ impl<const D: usize> IndexedHeap<D> {
     /// Moves the slot at `position` up to its place; returns whether it moved.
     fn sift_up<A: HeapArena>(&mut self, start: usize, arena: &mut A) -> bool {
         let moving = self.slot(start);
-        let mut position = start;
-        while position > 0 {
+        self.rise(moving, start, 0, arena) != start
+    }
+
+    /// Places `moving`, whose hole is at `position`: it rises past the ancestors it goes
+    /// before, never above position `floor`. Returns where it lands.
+    #[inline]
+    fn rise<A: HeapArena>(
+        &mut self,
+        moving: Slot,
+        mut position: usize,
+        floor: usize,
+        arena: &mut A,
+    ) -> usize {
+        while position > floor {
             let parent = (position - 1) / D;
             let above = self.slot(parent);
             if !slot_before(moving, above, arena) {
@@ -197,7 +209,7 @@ impl<const D: usize> IndexedHeap<D> {
             position = parent;
         }
         self.place(position, moving, arena);
-        position != start
+        position
     }
 
     /// Moves the slot at `start`, which belongs there or below, down to its place: bottom-up
@@ -225,16 +237,7 @@ impl<const D: usize> IndexedHeap<D> {
             self.place(position, best, arena);
             position = child;
         }
-        while position > start {
-            let parent = (position - 1) / D;
-            let above = self.slot(parent);
-            if !slot_before(moving, above, arena) {
-                break;
-            }
-            self.place(position, above, arena);
-            position = parent;
-        }
-        self.place(position, moving, arena);
+        self.rise(moving, position, start, arena);
     }
 
     /// Checks heap order and that `position_of` agrees with every slot; panics otherwise.

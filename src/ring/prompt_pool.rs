@@ -3,9 +3,9 @@
 //!
 //! A prompt's chain of block hashes is variable length (a 512 KiB prompt is 2,048 hashes), and
 //! the rings carry fixed-size `Copy` messages, so the chain travels through a pool of
-//! preallocated vectors instead. The shard that parsed the body takes a slot (a lock-free free
-//! list of slot numbers, crossbeam's `ArrayQueue`, the same bounded queue after Vyukov as the
-//! rings), hashes the prompt into that slot's vector (`protocol::PromptHasher`) and sends the
+//! preallocated vectors instead. The shard that parsed the body takes a slot (a lock-free
+//! last-in-first-out free list of slot numbers, [`super::free_list`], so that the slots ever
+//! used, and the memory their vectors keep, are as many as were in use at once), hashes the prompt into that slot's vector (`protocol::PromptHasher`) and sends the
 //! slot number in its `Arrival`; the scheduler reads the hashes when it places the request and
 //! gives the slot back when the request ends. Ownership of a slot moves with the message that
 //! names it, so at any moment one thread owns it.
@@ -23,9 +23,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crossbeam_queue::ArrayQueue;
-
 pub use crate::protocol::Ends;
+
+use super::free_list::FreeList;
 
 /// One slot's contents.
 #[derive(Debug, Default)]
@@ -41,17 +41,14 @@ pub const NO_PROMPT: u32 = u32::MAX;
 #[derive(Debug)]
 pub struct PromptPool {
     slots: Box<[Mutex<Slot>]>,
-    free: ArrayQueue<u32>,
+    free: FreeList,
 }
 
 impl PromptPool {
     /// A pool of `capacity` slots (at least 1), all free, their vectors empty.
     pub fn new(capacity: u32) -> Arc<PromptPool> {
         let capacity = capacity.max(1);
-        let free = ArrayQueue::new(capacity as usize);
-        for slot in 0..capacity {
-            free.push(slot).expect("sized for every slot");
-        }
+        let free = FreeList::full(capacity);
         let slots = (0..capacity).map(|_| Mutex::new(Slot::default())).collect();
         Arc::new(PromptPool { slots, free })
     }
@@ -84,10 +81,11 @@ impl PromptPool {
             hashes.clear();
             *ends = Ends::NONE;
         });
-        self.free.push(slot).expect("a slot is released once");
+        self.free.push(slot);
     }
 
-    /// Slots not in use.
+    /// Slots not in use (a walk of the free list: for checks, not while other threads use
+    /// the pool).
     pub fn available(&self) -> usize {
         self.free.len()
     }

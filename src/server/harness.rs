@@ -85,6 +85,17 @@ fn spawn_backend() -> SocketAddr {
     addr
 }
 
+/// `stream.read`, again when a signal interrupted it: the fuzzer's timeout alarm lands on any
+/// thread of the process, and a blocking read it interrupts is no failure of the router's.
+fn read_through_signals(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            read => return read,
+        }
+    }
+}
+
 fn serve_backend(mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut buf = Vec::new();
@@ -92,7 +103,7 @@ fn serve_backend(mut stream: TcpStream) {
     loop {
         // The router always forwards a Content-Length body.
         let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match stream.read(&mut chunk) {
+            match read_through_signals(&mut stream, &mut chunk) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
@@ -105,7 +116,7 @@ fn serve_backend(mut stream: TcpStream) {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(0);
         while buf.len() < end + 4 + length {
-            match stream.read(&mut chunk) {
+            match read_through_signals(&mut stream, &mut chunk) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
@@ -264,7 +275,7 @@ impl Client {
 
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 8192];
-        match self.stream.read(&mut chunk) {
+        match read_through_signals(&mut self.stream, &mut chunk) {
             Ok(0) => false,
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);

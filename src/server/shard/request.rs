@@ -4,8 +4,9 @@
 //! A request's state (its parsed head, 2 KiB of header spans; its chunked decoder and decoded
 //! body; its admission; what was relayed) lives in a slot of an arena that the client room
 //! owns, found by a `u32` index (STYLE.md, "Index, don't point"), not in a box of its own: a
-//! client connection takes a slot when it parses a head and gives it back when the request
-//! ends. The free list is last in, first out, so a keep-alive connection's next request
+//! client connection parses a head into the slot it will take ([`Requests::next_head`]), takes
+//! it once the head is complete ([`Requests::start`], which resets every other field in place)
+//! and gives it back when the request ends. The free list is last in, first out, so a keep-alive connection's next request
 //! usually takes the slot its last one gave back: a request's state costs no allocation once
 //! the arena has grown to the requests in flight, and a slot keeps its decoded-body buffer up to
 //! [`DECODED_KEEP_MAX`]. Not inline in the connection: 2.3 KiB on every idle connection would be

@@ -9,7 +9,8 @@
 //! it `b` fails if meanwhile `a` was popped and pushed back over another slot (the ABA
 //! problem: without the count its swap would succeed and put `b`, now taken, back on top).
 //! The count is 32 bits: a pop would have to stall through 2³² changes of the top to be
-//! fooled.
+//! fooled. `tests/loom_free_list.rs` model-checks that no slot is handed out twice, through
+//! that pattern among others (the atomics are loom's under `cfg(loom)`, `ring/sync.rs`).
 //!
 //! Why last-in-first-out: a pool slot keeps its buffer's capacity, and a FIFO (crossbeam's
 //! `ArrayQueue`, the pool's first free list) hands out every slot in turn, so after as many
@@ -19,14 +20,14 @@
 //! so the slots that ever hold a buffer are as many as were ever in use at once, and those are
 //! warm in cache.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use super::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// No slot: the end of the list.
 const NIL: u32 = u32::MAX;
 
 /// A lock-free stack of the numbers `0..capacity` (module doc).
 #[derive(Debug)]
-pub(super) struct FreeList {
+pub struct FreeList {
     /// The top slot (low 32 bits, [`NIL`] when empty) and the count of changes made to it
     /// (high 32 bits, wrapping).
     top: AtomicU64,
@@ -42,7 +43,7 @@ fn word(slot: u32, changes: u64) -> u64 {
 
 impl FreeList {
     /// Every slot of `0..capacity` free, slot 0 on top.
-    pub(super) fn full(capacity: u32) -> FreeList {
+    pub fn full(capacity: u32) -> FreeList {
         assert!(capacity < NIL, "the slot numbers must leave NIL free");
         let below = (0..capacity)
             .map(|slot| AtomicU32::new(if slot + 1 < capacity { slot + 1 } else { NIL }));
@@ -51,7 +52,7 @@ impl FreeList {
     }
 
     /// Takes the slot on top, or `None` when every slot is taken.
-    pub(super) fn pop(&self) -> Option<u32> {
+    pub fn pop(&self) -> Option<u32> {
         // Acquire: the link read below was written before the push that published this top.
         let mut top = self.top.load(Ordering::Acquire);
         loop {
@@ -71,7 +72,7 @@ impl FreeList {
     }
 
     /// Gives `slot` back (it must be taken: a slot pushed twice would be handed out twice).
-    pub(super) fn push(&self, slot: u32) {
+    pub fn push(&self, slot: u32) {
         let mut top = self.top.load(Ordering::Relaxed);
         loop {
             self.below[slot as usize].store(top as u32, Ordering::Relaxed);
@@ -86,7 +87,7 @@ impl FreeList {
     }
 
     /// Slots free now, by walking the list: for checks while no other thread uses it.
-    pub(super) fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         let mut slot = self.top.load(Ordering::Acquire) as u32;
         let mut count = 0;
         while slot != NIL && count <= self.below.len() {
@@ -97,7 +98,7 @@ impl FreeList {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
@@ -106,15 +107,15 @@ mod tests {
     #[test]
     fn last_in_first_out() {
         let list = FreeList::full(3);
-        assert_eq!(list.len(), 3);
+        assert_eq!(list.count(), 3);
         assert_eq!((list.pop(), list.pop()), (Some(0), Some(1)));
         list.push(0);
         assert_eq!(list.pop(), Some(0));
         assert_eq!((list.pop(), list.pop()), (Some(2), None));
-        assert_eq!(list.len(), 0);
+        assert_eq!(list.count(), 0);
         list.push(2);
         list.push(1);
-        assert_eq!((list.len(), list.pop(), list.pop(), list.pop()), (2, Some(1), Some(2), None));
+        assert_eq!((list.count(), list.pop(), list.pop(), list.pop()), (2, Some(1), Some(2), None));
         assert_eq!(FreeList::full(0).pop(), None);
     }
 
@@ -156,7 +157,7 @@ mod tests {
         for thread in threads {
             thread.join().expect("no thread panicked");
         }
-        assert_eq!(list.len(), SLOTS as usize);
+        assert_eq!(list.count(), SLOTS as usize);
         let mut slots: Vec<u32> = std::iter::from_fn(|| list.pop()).collect();
         slots.sort_unstable();
         assert_eq!(slots, (0..SLOTS).collect::<Vec<_>>());

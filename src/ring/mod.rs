@@ -25,7 +25,7 @@
 //! parks whenever [`Ring::prepare_sleep`] lets it, and fails if the consumer can park for good
 //! with a message in the ring. `sync`'s module doc says what the queue's stand-in models.
 
-mod free_list;
+pub mod free_list;
 pub mod prompt_pool;
 mod sync;
 

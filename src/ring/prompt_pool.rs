@@ -87,7 +87,7 @@ impl PromptPool {
     /// Slots not in use (a walk of the free list: for checks, not while other threads use
     /// the pool).
     pub fn available(&self) -> usize {
-        self.free.len()
+        self.free.count()
     }
 
     /// Slots in all.

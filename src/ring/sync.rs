@@ -2,7 +2,9 @@
 //! wake-up protocol can be model-checked (`tests/loom_ring.rs`; crossbeam-epoch's `primitive`
 //! module does the same).
 //!
-//! Normally: `std`'s atomics and fence, and crossbeam's `ArrayQueue` as the queue.
+//! Normally: `std`'s atomics and fence, and crossbeam's `ArrayQueue` as the queue. The prompt
+//! pool's free list ([`super::free_list`]) takes its atomics from here too
+//! (`tests/loom_free_list.rs`).
 //!
 //! Under `RUSTFLAGS="--cfg loom"`: loom's atomics and fence, and [`Queue`], a stand-in for
 //! `ArrayQueue` that loom can see into. crossbeam's queue uses `core`'s atomics, invisible to
@@ -25,10 +27,10 @@
 #[cfg(not(loom))]
 pub(super) use crossbeam_queue::ArrayQueue as Queue;
 #[cfg(not(loom))]
-pub(super) use std::sync::atomic::{fence, AtomicBool, Ordering};
+pub(super) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(loom)]
-pub(super) use loom::sync::atomic::{fence, AtomicBool, Ordering};
+pub(super) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 #[cfg(loom)]
 pub(super) use model::Queue;
 

@@ -58,12 +58,6 @@ pub struct ResponseHead {
     pub is_event_stream: bool,
 }
 
-impl Default for ResponseHead {
-    fn default() -> ResponseHead {
-        ResponseHead::EMPTY
-    }
-}
-
 impl ResponseHead {
     /// An empty head, for a parser to fill ([`parse_response_head_into`]).
     pub const EMPTY: ResponseHead = ResponseHead {
@@ -96,9 +90,9 @@ pub fn parse_response_head(
     Ok(complete.then_some(head))
 }
 
-/// [`parse_response_head`] into `head`, which an upstream connection keeps from one response
-/// to the next: `Ok(true)` when the head was complete and `head` is it; on `Ok(false)` or an
-/// error `head` is left in some state nothing should read (as
+/// [`parse_response_head`] into `head`, which a shard keeps from one response to the next:
+/// `Ok(true)` when the head was complete and `head` is it; on `Ok(false)` or an error `head` is
+/// left in some state nothing should read (as
 /// [`parse_request_head_into`](super::parse_request_head_into)).
 pub fn parse_response_head_into(
     buf: &[u8],

@@ -41,6 +41,11 @@ fn word(slot: u32, changes: u64) -> u64 {
     changes << 32 | u64::from(slot)
 }
 
+/// The top word that puts `slot` on top after the top word `top`: one change more.
+fn after(top: u64, slot: u32) -> u64 {
+    word(slot, (top >> 32).wrapping_add(1) & u64::from(u32::MAX))
+}
+
 impl FreeList {
     /// Every slot of `0..capacity` free, slot 0 on top.
     pub fn full(capacity: u32) -> FreeList {
@@ -62,7 +67,7 @@ impl FreeList {
             }
             // Stale if `slot` was taken meanwhile; then the count has moved and the swap fails.
             let below = self.below[slot as usize].load(Ordering::Relaxed);
-            let changed = word(below, (top >> 32).wrapping_add(1) & u64::from(u32::MAX));
+            let changed = after(top, below);
             match self.top.compare_exchange_weak(top, changed, Ordering::Acquire, Ordering::Acquire)
             {
                 Ok(_) => return Some(slot),
@@ -76,7 +81,7 @@ impl FreeList {
         let mut top = self.top.load(Ordering::Relaxed);
         loop {
             self.below[slot as usize].store(top as u32, Ordering::Relaxed);
-            let changed = word(slot, (top >> 32).wrapping_add(1) & u64::from(u32::MAX));
+            let changed = after(top, slot);
             // Release: the link stored above is visible to the pop that takes `slot` off.
             match self.top.compare_exchange_weak(top, changed, Ordering::Release, Ordering::Relaxed)
             {

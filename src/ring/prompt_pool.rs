@@ -5,7 +5,8 @@
 //! the rings carry fixed-size `Copy` messages, so the chain travels through a pool of
 //! preallocated vectors instead. The shard that parsed the body takes a slot (a lock-free
 //! last-in-first-out free list of slot numbers, [`super::free_list`], so that the slots ever
-//! used, and the memory their vectors keep, are as many as were in use at once), hashes the prompt into that slot's vector (`protocol::PromptHasher`) and sends the
+//! used, and the memory their vectors keep, are as many as were in use at once), hashes the
+//! prompt into that slot's vector (`protocol::PromptHasher`) and sends the
 //! slot number in its `Arrival`; the scheduler reads the hashes when it places the request and
 //! gives the slot back when the request ends. Ownership of a slot moves with the message that
 //! names it, so at any moment one thread owns it.

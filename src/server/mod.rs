@@ -290,10 +290,10 @@ pub fn start_with_source(
     let plan = Plan { targets: generation.targets(), settings: control_settings };
     let pin_cores = generation.config.server.pin_cores;
     let logs = access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec());
-    let shared = Arc::new(Shared::new(Arc::new(generation), source, rings, plan, logs, &clock));
+    let generation = Arc::new(generation);
+    let shared = Arc::new(Shared::new(Arc::clone(&generation), source, rings, plan, logs, &clock));
     let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock)?;
     // Before the shards: a replica starts serving with the global buckets (issue [11]).
-    let generation = shared.generation();
     let limits = &generation.config.rate_limit;
     let store = match limits.store {
         RateLimitStore::Redis => {
@@ -302,7 +302,7 @@ pub fn start_with_source(
         RateLimitStore::Local => None,
     };
     let parts = polls.into_iter().zip(listeners).zip(hosted);
-    let shards = spawn_shards(parts, &shared, pin_cores)?;
+    let shards = spawn_shards(parts, &shared, &generation, pin_cores)?;
     let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
     Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log, store })
 }
@@ -334,10 +334,11 @@ fn shard_polls(shard_count: usize) -> io::Result<(Vec<mio::Poll>, Vec<Arc<ShardR
 }
 
 /// Starts one shard thread per `((poll, listener), hosted schedulers)`, pinned to the cores
-/// when `pin_cores`.
+/// when `pin_cores`; `generation` is the one the hosted schedulers were built on.
 fn spawn_shards(
     parts: impl Iterator<Item = ((mio::Poll, StdListener), Vec<(u16, ShardHost)>)>,
     shared: &Arc<Shared>,
+    generation: &Arc<Generation>,
     pin_cores: bool,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let shard_count = shared.rings.len();
@@ -357,6 +358,7 @@ fn spawn_shards(
             index: index as u16,
             poll,
             hosted,
+            gen: Arc::clone(generation),
             listener: mio::net::TcpListener::from_std(listener),
             ring: Arc::clone(&shared.rings[index]),
             shared: Arc::clone(shared),

@@ -98,6 +98,11 @@ pub struct Setup {
     pub poll: Poll,
     /// The schedulers this shard runs, with their models' indices.
     pub hosted: Vec<(u16, ShardHost)>,
+    /// The generation `hosted` were built on. A reload may publish a newer one before the
+    /// shard's thread starts; the shard starts on this one and adopts that at its first
+    /// [`Shard::refresh`], so its schedulers are reconfigured (taking the active generation
+    /// as its first would skip that, and leave them on the backends of this one).
+    pub gen: Arc<Generation>,
     pub listener: TcpListener,
     pub ring: Arc<ShardRing>,
     pub shared: Arc<Shared>,
@@ -293,8 +298,7 @@ fn timer_capacity(gen: &Generation, max_clients: usize) -> usize {
 
 impl Shard {
     fn new(setup: Setup) -> io::Result<Shard> {
-        let shared = setup.shared;
-        let gen = shared.generation();
+        let (shared, gen) = (setup.shared, setup.gen);
         let clock = shared.clock.clone();
         let rate = clock.rate();
         let max_clients = max_clients(&gen, setup.shard_count);
@@ -570,6 +574,61 @@ mod tests {
             assert_ne!(owner.token(), WAKER);
         }
         assert_ne!(Owner::Client(5).token(), Owner::Upstream(5).token());
+    }
+
+    /// The window a flaky reload test found: a reload that publishes generation 2 before a
+    /// shard's thread has started. The shard starts on the generation its schedulers were built
+    /// on and adopts 2 at its first refresh, so the hosted scheduler gets the added backend.
+    #[test]
+    fn a_reload_published_before_a_shard_starts_reaches_its_schedulers() {
+        use crate::config::{Config, ModelConfig};
+        use crate::control::thread::{ControlSettings, Plan};
+
+        let config = |backends: &[&str]| {
+            let backends = backends.iter().map(|b| b.to_string()).collect();
+            Config::with_models(vec![ModelConfig::new("m", backends)])
+        };
+        let clock = Clock::real();
+        let (mut polls, rings) = super::super::shard_polls(1).unwrap();
+        let (first, hosts) =
+            Generation::build(1, config(&["127.0.0.1:1"]), None, &clock, &rings).unwrap();
+        let first = Arc::new(first);
+        let plan = Plan {
+            targets: Vec::new(),
+            settings: ControlSettings::from_config(&first.config.upstream),
+        };
+        let shared =
+            Arc::new(Shared::new(Arc::clone(&first), None, rings, plan, Vec::new(), &clock));
+        let (second, none) = Generation::build(
+            2,
+            config(&["127.0.0.1:1", "127.0.0.1:2"]),
+            Some(&first),
+            &clock,
+            &shared.rings,
+        )
+        .unwrap();
+        assert!(none.is_empty(), "no model added");
+        shared.publish(Arc::new(second));
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let setup = Setup {
+            index: 0,
+            poll: polls.remove(0),
+            hosted: hosts.into_iter().map(|h| (h.model, h.host)).collect(),
+            gen: first,
+            listener: TcpListener::from_std(listener),
+            ring: Arc::clone(&shared.rings[0]),
+            shared: Arc::clone(&shared),
+            core: None,
+            shard_count: 1,
+        };
+        let mut shard = Shard::new(setup).unwrap();
+        shard.refresh();
+        assert_eq!(shard.gen.number, 2);
+        shard.hosted.pass(clock.now(), 0);
+        let report = shard.gen.models[0].report.lock().unwrap();
+        assert_eq!(report.backends.len(), 2, "the hosted scheduler has the added backend");
     }
 
     /// Each attempt runs on a thread of its own, so a pin that works does not pin the test

@@ -7,7 +7,7 @@
 //! - `warmpath check-config FILE [--set KEY=VALUE]...` loads FILE with the process environment
 //!   and the overrides applied, validates it, and prints the effective configuration;
 //! - `warmpath keygen` prints a new random API key or admin token and the configuration line
-//!   with its digest (issue [11]; `crate::credential`).
+//!   with its digest (issue \[11\]; `crate::credential`).
 //!
 //! Exit codes: 0 on success; 2 on a usage error (clap's convention) or an invalid
 //! configuration, with `error: <message>` on standard error; 1 if standard output fails or the
@@ -54,8 +54,8 @@ pub enum Command {
     /// effective configuration.
     CheckConfig(CheckConfigArgs),
     /// Print a new random API key (or admin token) and the configuration line with its
-    /// SHA-256 digest: give the key to its tenant, put the line in its [[tenant]] (or, with
-    /// --admin, in [server]).
+    /// SHA-256 digest: give the key to its tenant, put the line in its tenant table (or, with
+    /// --admin, in the server table).
     Keygen(KeygenArgs),
 }
 

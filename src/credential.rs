@@ -1,4 +1,4 @@
-//! API keys and the admin token (issue [11]): their SHA-256 digests, the table that finds a
+//! API keys and the admin token (issue \[11\]): their SHA-256 digests, the table that finds a
 //! tenant by digest, the `Authorization` header's `Bearer` and `Basic` forms, and new random
 //! tokens for `warmpath keygen`.
 //!

@@ -187,10 +187,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Send no session identity (no session header): the router must derive sessions from the
-    /// prompts (issue [10], `derive_sessions`), as it must for clients that send none.
+    /// prompts (issue 10, `derive_sessions`), as it must for clients that send none.
     #[arg(long)]
     pub anonymous: bool,
-    /// An API key sent as `Authorization: Bearer KEY` on every request (issue [11]'s tenants;
+    /// An API key sent as `Authorization: Bearer KEY` on every request (the tenants of issue 11;
     /// run one bench per tenant to load several). Also read from `$WARMPATH_API_KEY`.
     #[arg(long, value_name = "KEY", env = "WARMPATH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

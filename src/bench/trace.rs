@@ -559,7 +559,7 @@ mod tests {
         fs::remove_dir_all(&dir).expect("cleanup");
     }
 
-    /// What `bench --anonymous` relies on (issue [10]): every Mooncake follow-up, as sent,
+    /// What `bench --anonymous` relies on (issue \[10\]): every Mooncake follow-up, as sent,
     /// holds among its conversation ends the end of its parent's whole prompt, so a router
     /// that derives sessions can find every one.
     #[test]

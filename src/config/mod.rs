@@ -50,14 +50,14 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// `[[model]]`, in file order. Never empty in a validated configuration.
     pub models: Vec<ModelConfig>,
-    /// `[[tenant]]`, in file order (issue [11]). With at least one, every request to the main
+    /// `[[tenant]]`, in file order (issue \[11\]). With at least one, every request to the main
     /// listener but `/healthz` and `/readyz` needs one of their API keys.
     pub tenants: Vec<TenantConfig>,
-    /// `[rate_limit]`: where the tenants' limits are counted (issue [11]).
+    /// `[rate_limit]`: where the tenants' limits are counted (issue \[11\]).
     pub rate_limit: RateLimitConfig,
 }
 
-/// One `[[tenant]]` (issue [11], SPEC section 10).
+/// One `[[tenant]]` (issue \[11\], SPEC section 10).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantConfig {
     /// Its name: the `tenant` label and the access log's `tenant` field; 1 to 64 ASCII
@@ -73,7 +73,7 @@ pub struct TenantConfig {
     pub requests_per_minute: u64,
 }
 
-/// `[rate_limit]` (issue [11]).
+/// `[rate_limit]` (issue \[11\]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitConfig {
     /// Where the limits are counted: per replica, or shared through Redis.
@@ -105,7 +105,7 @@ pub struct ServerConfig {
     pub shards: u32,
     /// Pin each shard to its own core.
     pub pin_cores: bool,
-    /// Issue [12]: before blocking in `epoll_wait`, a shard polls without blocking for up to this
+    /// Issue \[12\]: before blocking in `epoll_wait`, a shard polls without blocking for up to this
     /// long (`0` = never; it blocks at once).
     pub busy_poll: Duration,
     /// Open client connections, across all shards.
@@ -128,15 +128,15 @@ pub struct ServerConfig {
     pub access_log: AccessLog,
     /// Add `x-warmpath-*` response headers (SPEC 6).
     pub debug_headers: bool,
-    /// Issue [11]: the SHA-256 digest of the bearer token every admin route then requires;
+    /// Issue \[11\]: the SHA-256 digest of the bearer token every admin route then requires;
     /// `None` (written `""`) = the admin listener is open.
     pub admin_token_sha256: Option<Digest>,
-    /// `[server.tls]` (issue [11]): the main listener's certificate and key; both or neither.
+    /// `[server.tls]` (issue \[11\]): the main listener's certificate and key; both or neither.
     pub tls: TlsConfig,
 }
 
 /// `[server.tls]`: PEM files of the main listener's certificate chain and private key (issue
-/// [11]). Both set = the main listener speaks TLS; neither = plaintext; one alone is refused
+/// \[11\]). Both set = the main listener speaks TLS; neither = plaintext; one alone is refused
 /// by validation. The files are read when a generation is built (at start and on every
 /// reload), not here. A relative path is relative to the working directory.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -206,11 +206,11 @@ pub struct QueueConfig {
     /// Request header carrying the session id (matched case-insensitively); the first entry of
     /// the default `session_sources`.
     pub session_header: String,
-    /// Issue [10]: where the session identity comes from, `"header:NAME"` and `"body:FIELD"`
+    /// Issue \[10\]: where the session identity comes from, `"header:NAME"` and `"body:FIELD"`
     /// entries in order, the first present winning (`sessions.rs`); `None` = the default list,
     /// which starts with `session_header` ([`QueueConfig::effective_session_sources`]).
     pub session_sources: Option<Vec<String>>,
-    /// Issue [10]: with `prefix-cost` routing, a request with no session identity continues
+    /// Issue \[10\]: with `prefix-cost` routing, a request with no session identity continues
     /// the conversation whose completed prompt its own extends (`scheduler::derive`).
     pub derive_sessions: bool,
     /// S2: capacity of the tracker of recently completed sessions.
@@ -290,7 +290,7 @@ pub enum Routing {
     /// The session's previous backend when eligible, else the least loaded eligible one.
     SessionAffinity,
     /// S16 prefix-cost placement: where the prompt's prefix is cached, weighed against the
-    /// backlog (the default: chosen by the issue [8] matrix, `perf/RESULTS.md`).
+    /// backlog (the default: chosen by the issue \[8\] matrix, `perf/RESULTS.md`).
     #[default]
     PrefixCost,
     /// The eligible backend with the fewest inflight requests.

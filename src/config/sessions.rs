@@ -1,4 +1,4 @@
-//! `[queue] session_sources` (SPEC section 10, issue [10]): where a request's session identity
+//! `[queue] session_sources` (SPEC section 10, issue \[10\]): where a request's session identity
 //! comes from, as an ordered list of `"header:NAME"` and `"body:FIELD"` entries. The first one
 //! present in a request gives its session.
 //!

@@ -133,7 +133,7 @@ fn server(server: &ServerConfig) -> Check {
     tls(&server.tls)
 }
 
-/// `[server.tls]`: both files or neither (issue [11]). Whether they hold a usable pair is
+/// `[server.tls]`: both files or neither (issue \[11\]). Whether they hold a usable pair is
 /// checked when they are read (`server::tls`), at start and on every reload.
 fn tls(tls: &TlsConfig) -> Check {
     let shown = |path: &std::path::Path| quoted(&path.display().to_string());

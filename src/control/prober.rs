@@ -1,5 +1,5 @@
 //! Every backend's checks at once, on non-blocking sockets: one mio `Poll` in the control
-//! thread, one [`Slot`] per backend (issue [9]).
+//! thread, one [`Slot`] per backend (issue \[9\]).
 //!
 //! A check is the health exchange (`GET health_path`), then, when that answered 2xx and the
 //! engine exports metrics we read, the metrics exchange (`GET /metrics`); it ends with one

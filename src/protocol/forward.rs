@@ -11,7 +11,7 @@
 //! - `Expect`: the router has read the whole body before forwarding, so a backend's
 //!   `100 Continue` would only be noise;
 //! - `Authorization`, when [`ForwardInfo::strip_authorization`] says so: the header carried
-//!   the router's own API key (issue [11]), which an engine must not see (nor log).
+//!   the router's own API key (issue \[11\]), which an engine must not see (nor log).
 //!
 //! `Host` is kept (and added, as `ForwardInfo::default_host`, for an HTTP/1.0 client that sent
 //! none, since the forwarded request is HTTP/1.1). The client address is appended to the last `X-Forwarded-For` line (or a line

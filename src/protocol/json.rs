@@ -39,7 +39,7 @@ pub struct ModelField<'a> {
     pub value: Cow<'a, str>,
     /// The top-level `"stream"` is `true` (the last one, if repeated): the response streams.
     pub stream: bool,
-    /// Issue [11]: the largest top-level `"max_tokens"` or `"max_completion_tokens"` that is
+    /// Issue \[11\]: the largest top-level `"max_tokens"` or `"max_completion_tokens"` that is
     /// an integer from 0 to `u32::MAX` (any other value is left to the backend to judge). The
     /// largest, not the first or last, because parsers disagree on repeated keys and a
     /// reservation must not be the smaller of two readings.

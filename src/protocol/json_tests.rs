@@ -490,7 +490,7 @@ fn stream_flag_is_the_top_level_true() {
     assert!(!stream(r#"{"model":"m"}"#));
 }
 
-/// Issue [11]: the largest top-level `max_tokens` or `max_completion_tokens` integer counts;
+/// Issue \[11\]: the largest top-level `max_tokens` or `max_completion_tokens` integer counts;
 /// nested ones, other types, fractions, negatives and overflows do not.
 #[test]
 fn max_tokens_is_the_largest_top_level_integer() {

@@ -11,7 +11,7 @@
 //! `cached_tokens` may be absent or `null`. [`UsageScanner`] is fed every read of a response
 //! body, split anywhere (in a key, in a number), and reports the last `prompt_tokens`, the
 //! last `completion_tokens` and the last `cached_tokens` it saw ([`Usage`]), wherever they are
-//! in the body, and how many SSE `data:` events began a line (issue [11]: a stream without
+//! in the body, and how many SSE `data:` events began a line (issue \[11\]: a stream without
 //! `usage` is charged a token per event). It is sans-IO, holds
 //! a few dozen bytes of state, allocates nothing, and does not parse the body.
 //!

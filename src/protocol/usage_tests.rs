@@ -197,7 +197,7 @@ fn the_reference_agrees_on_these_bodies() {
     }
 }
 
-/// Issue [11]: a stream's `data:` events are counted at line starts, split anywhere; text
+/// Issue \[11\]: a stream's `data:` events are counted at line starts, split anywhere; text
 /// inside an event never counts, and a non-stream body has none.
 #[test]
 fn stream_events_are_counted_at_line_starts() {

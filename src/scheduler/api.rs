@@ -80,7 +80,8 @@ pub struct Arrival {
     /// Whether the response streams (only streaming requests count in the prefill backlog).
     pub streaming: bool,
     /// S16: the [`PromptPool`](crate::ring::prompt_pool::PromptPool) slot holding the prompt's
-    /// block hashes, or [`NO_PROMPT`]. The scheduler gives the slot back when the request ends.
+    /// block hashes, or [`NO_PROMPT`](crate::ring::prompt_pool::NO_PROMPT). The scheduler
+    /// gives the slot back when the request ends.
     pub prompt: u32,
     /// Issue \[11\]: the tenant its API key names, from 1; 0 = no tenant. An index the
     /// scheduler has no weight for (a reload's tenant racing the reconfiguration) counts as 0.
@@ -196,8 +197,8 @@ pub struct Params {
 /// The prefill budget of each backend (S6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Budget {
-    /// Learned per backend ([`estimate`]): the backlog its engine drains in a few feedback
-    /// latencies at its measured prefill rate.
+    /// Learned per backend ([`estimate`](super::estimate)): the backlog its engine drains in a
+    /// few feedback latencies at its measured prefill rate.
     Auto,
     /// A fixed number of estimated tokens; 0 = no budget.
     Tokens(u64),
@@ -207,7 +208,7 @@ pub enum Budget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IndexSize {
     /// Sized from the engine's exported KV capacity (or `default_blocks` when it exports none)
-    /// and calibrated against the hits the engine reports ([`estimate`]).
+    /// and calibrated against the hits the engine reports ([`estimate`](super::estimate)).
     Auto { default_blocks: u32 },
     /// A fixed number of blocks.
     Blocks(u32),

@@ -145,7 +145,7 @@ pub struct Scheduler {
     /// Issue \[10\]: where conversations without identity ended, with `prefix` and
     /// `derive_sessions` only.
     derived: Option<DerivedSessions>,
-    /// What it learned of the model and its backends (issue [8]).
+    /// What it learned of the model and its backends (issue \[8\]).
     learned: Learned,
 }
 

@@ -205,7 +205,8 @@ impl Scheduler {
         u64::from(self.learned.tokens.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
     }
 
-    /// What `backend` would compute of entry `index`'s prompt, by the last [`match_prompt`].
+    /// What `backend` would compute of entry `index`'s prompt, by the last
+    /// [`match_prompt`](Self::match_prompt).
     fn uncached(&self, index: u32, backend: usize) -> u64 {
         let prefix = self.prefix.as_ref().expect("prefix-cost state");
         self.prompt_tokens(index).saturating_sub(self.block_tokens(prefix.matched[backend]))
@@ -343,7 +344,8 @@ impl Scheduler {
     }
 
     /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for
-    /// entry `index` after [`match_prompt`]; `avoid` only when nothing else qualifies.
+    /// entry `index` after [`match_prompt`](Self::match_prompt); `avoid` only when nothing
+    /// else qualifies.
     fn cheapest(&self, index: u32, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
         let fastest = self.fastest_rate();
         let rank = |b: usize| {

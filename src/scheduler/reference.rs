@@ -12,7 +12,7 @@
 //! the definition of a match (CLOCK may evict an early block of a chain and keep a later one,
 //! where a longest-prefix scan and the search disagree; the index is approximate by design).
 //!
-//! What the scheduler learns (issue [8], [`super::estimate`]) is restated from its definition
+//! What the scheduler learns (issue \[8\], [`super::estimate`]) is restated from its definition
 //! with plain arithmetic: tokens per byte as the two halved sums, each backend's prefill rate as
 //! the median of its last closed windows kept in a growing list, the budget's moves on each
 //! snapshot, the calibration periods of the index size, and the index rebuilt by re-inserting
@@ -62,13 +62,13 @@ struct Queued {
     /// S16: the prompt's chained block hashes.
     blocks: Vec<u64>,
     placement_waited: bool,
-    /// Issue [10]: the turn depth, the tracked session's completed turns plus one, else 1.
+    /// Issue \[10\]: the turn depth, the tracked session's completed turns plus one, else 1.
     turn: u16,
-    /// Issue [11]: its tenant (0 = none).
+    /// Issue \[11\]: its tenant (0 = none).
     tenant: u16,
 }
 
-/// Issue [11]: a tenant's fair-share and S4/S5 state.
+/// Issue \[11\]: a tenant's fair-share and S4/S5 state.
 #[derive(Debug, Clone)]
 struct Tenant {
     weight: u64,
@@ -238,7 +238,7 @@ impl Reference {
         self.queued.iter().filter(|q| q.lane == lane).count() as u32
     }
 
-    /// Distinct sessions with a request queued or admitted (issue [10]).
+    /// Distinct sessions with a request queued or admitted (issue \[10\]).
     pub fn sessions_active(&self) -> u32 {
         let admitted = self.admitted.iter().map(|a| &a.request);
         let mut sessions: Vec<u64> =
@@ -400,12 +400,12 @@ impl Reference {
         self.queued.push(request);
     }
 
-    /// Issue [11]: whether `tenant` has requests queued outside the retry lane.
+    /// Issue \[11\]: whether `tenant` has requests queued outside the retry lane.
     fn has_queued(&self, tenant: u16) -> bool {
         self.queued.iter().any(|q| q.tenant == tenant && q.lane != Lane::Retry)
     }
 
-    /// Issue [11]: tenants with nothing queued leave the tenant order.
+    /// Issue \[11\]: tenants with nothing queued leave the tenant order.
     fn settle(&mut self) {
         for t in 0..self.tenants.len() {
             if !self.has_queued(t as u16) {
@@ -414,13 +414,13 @@ impl Reference {
         }
     }
 
-    /// Issue [11]: the virtual time `request` costs its tenant.
+    /// Issue \[11\]: the virtual time `request` costs its tenant.
     fn charge(&self, request: &Queued) -> u64 {
         let tokens = self.tokens_of(u64::from(request.prompt_bytes)).max(1);
         tokens * super::fair::SCALE / self.tenants[usize::from(request.tenant)].weight
     }
 
-    /// Issue [11]: the tenants with requests queued, by `(key, tenant)`.
+    /// Issue \[11\]: the tenants with requests queued, by `(key, tenant)`.
     fn tenant_order(&self) -> Vec<u16> {
         let mut order: Vec<(u64, u16)> = (0..self.tenants.len())
             .filter_map(|t| self.tenants[t].key.map(|key| (key, t as u16)))
@@ -429,7 +429,7 @@ impl Reference {
         order.into_iter().map(|(_, t)| t).collect()
     }
 
-    /// Issue [11]: `request` was admitted in tenant order.
+    /// Issue \[11\]: `request` was admitted in tenant order.
     fn served(&mut self, request: &Queued) {
         if request.lane == Lane::Retry {
             return;

@@ -241,12 +241,12 @@ pub struct Record<'a> {
     pub method: &'a [u8],
     pub path: &'a [u8],
     pub model: Option<&'a str>,
-    /// Issue [11]: the tenant its API key named (`null` when none is configured, or for a
+    /// Issue \[11\]: the tenant its API key named (`null` when none is configured, or for a
     /// route that needs no key, or a refused key).
     pub tenant: Option<&'a str>,
     /// The session id; a body field's value as sent (escapes left as they are).
     pub session: Option<&'a [u8]>,
-    /// Which source gave the session (issue [10]): `header`, `body` or `none`.
+    /// Which source gave the session (issue \[10\]): `header`, `body` or `none`.
     pub session_source: &'static str,
     pub backend: Option<&'a str>,
     /// 0 when no status was sent (the client left first).
@@ -262,9 +262,9 @@ pub struct Record<'a> {
     /// Response bytes written to the client.
     pub bytes_out: u64,
     pub outcome: Outcome,
-    /// Issue [11]: the limit that refused the request (`requests` or `tokens`).
+    /// Issue \[11\]: the limit that refused the request (`requests` or `tokens`).
     pub rate_limited: Option<&'static str>,
-    /// Issue [11]: the tokens reserved against the tenant's `tokens_per_minute`, and what the
+    /// Issue \[11\]: the tokens reserved against the tenant's `tokens_per_minute`, and what the
     /// request settled to (both `null` without a token limit).
     pub tokens_reserved: Option<u64>,
     pub tokens_used: Option<u64>,

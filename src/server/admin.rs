@@ -5,7 +5,7 @@
 //! thread, blocking I/O, one request per connection with short timeouts: scrapes are rare and
 //! small, and this keeps the admin path off the shards.
 //!
-//! With `server.admin_token_sha256` set (issue [11]), every route, unknown ones included, needs
+//! With `server.admin_token_sha256` set (issue \[11\]), every route, unknown ones included, needs
 //! the admin token: `Authorization: Bearer <token>`, or `Basic` with the token as the password
 //! and any user name, so that a browser asked by the 401's challenge can open `/status` (and
 //! sends the same credentials with the page's polls). Anything else is a 401 with
@@ -440,7 +440,8 @@ pub fn debug_config(shared: &Shared) -> serde_json::Value {
     })
 }
 
-/// Replaces the values of [`SECRET_KEYS`] (and of backends' `user:password@` parts) in place.
+/// Replaces the values of secret keys ([`is_secret`]) and backends' `user:password@` parts in
+/// place.
 fn redact(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {

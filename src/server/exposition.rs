@@ -7,7 +7,7 @@
 //! cache line); scheduler counters and gauges come from each scheduler's published
 //! [`Report`].
 //!
-//! Issue [11]'s `tenant` label: `warmpath_requests_total`, `warmpath_admitted_total` and
+//! Issue \[11\]'s `tenant` label: `warmpath_requests_total`, `warmpath_admitted_total` and
 //! `warmpath_ttft_seconds` carry it on the series of requests from a configured tenant, one
 //! series per tenant that has sent the model a request (histograms: per bucket set that has an
 //! observation). Requests without a tenant keep the series they always had, without the label,

@@ -10,7 +10,7 @@
 //! threads never have to agree on a switch-over moment. The price: the tables only grow, so a
 //! model's backend table is capped at [`BACKENDS_MAX`] entries, live or not (a restart compacts).
 //!
-//! Tenants (issue [11]) are kept the same way, by name: tenant *t* (from 1; 0 is "no tenant")
+//! Tenants (issue \[11\]) are kept the same way, by name: tenant *t* (from 1; 0 is "no tenant")
 //! is `tenants[t - 1]` in every generation, so a request's tenant index and each shard's
 //! per-tenant counters mean the same across a reload. Only live tenants' keys are in the
 //! generation's [`KeyTable`], so a removed tenant's keys stop working in the first generation
@@ -49,7 +49,7 @@ pub const TENANTS_MAX: usize = 4096;
 /// no key. Configured tenants are 1, 2, ...
 pub const NO_TENANT: u16 = 0;
 
-/// A tenant as the dataplane sees it (issue [11]).
+/// A tenant as the dataplane sees it (issue \[11\]).
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub name: String,
@@ -81,7 +81,7 @@ pub struct Model {
     pub upstream_model_json: Option<Vec<u8>>,
     /// The session header, lowercase.
     pub session_header: String,
-    /// Issue [10]: where a request's session identity comes from, in order (the first present
+    /// Issue \[10\]: where a request's session identity comes from, in order (the first present
     /// wins), resolved against the generation's [`Generation::body_fields`].
     pub session_sources: Vec<SessionSource>,
     pub backends: Vec<BackendAddr>,
@@ -133,7 +133,7 @@ pub struct Generation {
     /// all in the pass that finds the model (which it does not know before), and each model's
     /// sources pick theirs by index.
     pub body_fields: Vec<Box<[u8]>>,
-    /// Every tenant configured since start: tenant `t` is `tenants[t - 1]` (issue [11]).
+    /// Every tenant configured since start: tenant `t` is `tenants[t - 1]` (issue \[11\]).
     pub tenants: Vec<Tenant>,
     /// The live tenants' key digests, each naming its tenant index. Empty: the main listener
     /// is open.
@@ -336,7 +336,7 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
     }
 }
 
-/// Issue [11]: the fair-share weight of every tenant since start, by index (a removed one keeps
+/// Issue \[11\]: the fair-share weight of every tenant since start, by index (a removed one keeps
 /// its last weight; its keys no longer work, so nothing of it arrives).
 fn tenant_weights(tenants: &[Tenant]) -> Vec<u16> {
     tenants.iter().map(|t| u16::try_from(t.config.weight).unwrap_or(u16::MAX)).collect()

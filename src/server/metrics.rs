@@ -3,7 +3,7 @@
 //! never a shared contended cache line). Scheduler-side counters and gauges come from each
 //! scheduler's [`Report`](super::report::Report), published by its host.
 //!
-//! Issue [11]: the counters of a request without a tenant (none configured) are the model's
+//! Issue \[11\]: the counters of a request without a tenant (none configured) are the model's
 //! own, as before; a configured tenant's responses, admissions and times to first byte are
 //! counted in a [`TenantMetrics`] of its own per model, made by the shard at the tenant's first
 //! request for that model (so a shard holds counters only for the pairs it has seen).
@@ -168,18 +168,18 @@ pub struct ModelMetrics {
     pub ttfb: Histogram,
     /// Queue wait by lane, indexed by `Lane as usize`.
     pub queue_wait: [Histogram; 4],
-    /// Issue [10]: arrival to first response byte (the first body byte of a streamed
+    /// Issue \[10\]: arrival to first response byte (the first body byte of a streamed
     /// response, the head of any other), by turn bucket and predicted prefix
     /// (`[turn][warm as usize]`).
     pub ttft: [[Histogram; 2]; TURNS],
-    /// Issue [10]: queue wait by turn bucket.
+    /// Issue \[10\]: queue wait by turn bucket.
     pub queue_wait_by_turn: [Histogram; TURNS],
     /// Upstream errors, `[backend][kind]`.
     pub upstream_errors: Box<[[AtomicU64; 5]]>,
     /// Dead pooled connections replaced by a fresh one to the same backend.
     pub pool_reconnects: AtomicU64,
     /// Admissions of requests without a tenant by lane (`Lane as usize`), counted by the shard
-    /// that receives them (issue [11]; with no tenant configured `/metrics` reads the
+    /// that receives them (issue \[11\]; with no tenant configured `/metrics` reads the
     /// scheduler's count instead, which also holds admissions whose client had just left).
     pub admitted: [AtomicU64; 4],
     /// Per configured tenant `t`, at `t - 1`: its counters, once it has sent a request.
@@ -233,7 +233,7 @@ impl StatusCounts {
     }
 }
 
-/// One shard's counters for one model and one configured tenant (issue [11]).
+/// One shard's counters for one model and one configured tenant (issue \[11\]).
 #[derive(Debug)]
 pub struct TenantMetrics {
     /// Responses by status.
@@ -365,13 +365,13 @@ pub struct ShardMetrics {
     pub buffered: AtomicU64,
     /// Requests whose client went away while queued or in flight.
     pub clients_gone: AtomicU64,
-    /// TLS connections closed on a TLS error (issue [11]): a failed handshake, bytes that are
+    /// TLS connections closed on a TLS error (issue \[11\]): a failed handshake, bytes that are
     /// not TLS, a record that does not decrypt.
     pub tls_errors: AtomicU64,
-    /// Issue [11], per configured tenant `t` at `t - 1`: tokens of its 2xx responses as
+    /// Issue \[11\], per configured tenant `t` at `t - 1`: tokens of its 2xx responses as
     /// settled, `[prompt, completion]`.
     pub tenant_tokens: Box<[[AtomicU64; 2]]>,
-    /// Issue [11], per configured tenant `t` at `t - 1`: requests refused by its limits,
+    /// Issue \[11\], per configured tenant `t` at `t - 1`: requests refused by its limits,
     /// `[Limit as usize]`.
     pub rate_limited: Box<[[AtomicU64; 2]]>,
 }

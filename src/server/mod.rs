@@ -103,7 +103,7 @@ pub struct Shared {
     /// that the others still report to.
     pub shards_busy: AtomicUsize,
     pub clock: Clock,
-    /// Issue [11]: every tenant's rate-limit cells, shared by the shards (and the Redis
+    /// Issue \[11\]: every tenant's rate-limit cells, shared by the shards (and the Redis
     /// store's thread).
     pub limiter: rate_limit::Limiter,
 }

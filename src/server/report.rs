@@ -48,7 +48,7 @@ pub struct BackendReport {
     pub scraped_at: Tick,
     /// S16: blocks in the backend's prefix index.
     pub index_blocks: u64,
-    /// What the scheduler learned of the backend (issue [8]).
+    /// What the scheduler learned of the backend (issue \[8\]).
     pub estimates: BackendEstimates,
 }
 

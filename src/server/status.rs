@@ -1,12 +1,12 @@
-//! `GET /status` on the admin listener (issue [10], SPEC 10): one self-contained HTML page in
+//! `GET /status` on the admin listener (issue \[10\], SPEC 10): one self-contained HTML page in
 //! the manner of HAProxy's stats page. Per model: the lanes' depths and admissions, inflight,
 //! tracked sessions, the oldest wait, two sparklines (queue depth and admissions per second,
 //! drawn by the page's script from its polls) and the oldest waiting requests; per backend:
 //! health and ejection, inflight, the admission gates' states and the learned estimates of
-//! issue [8] with their ages.
+//! issue \[8\] with their ages.
 //!
 //! The server renders the whole first paint from the same documents `/debug/queue` and
-//! `/debug/backends` serve ([`admin::queue_json`], [`admin::backends_json`]), so the page works
+//! `/debug/backends` serve ([`queue_json`], [`backends_json`]), so the page works
 //! without JavaScript (a `<noscript>` refresh reloads it every 10 s) and its numbers are the
 //! endpoints' numbers. The script (`status.js`) then polls those two endpoints every 2 s and
 //! rewrites each cell, which names its value's JSON pointer (`data-p`) and format (`data-f`,

@@ -1,4 +1,4 @@
-//! TLS on the main listener (issue [11]): the `[server.tls]` files read into a rustls
+//! TLS on the main listener (issue \[11\]): the `[server.tls]` files read into a rustls
 //! [`ServerConfig`], and the checks a certificate and key must pass before a generation takes
 //! them.
 //!

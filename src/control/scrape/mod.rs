@@ -4,7 +4,7 @@
 //!
 //! [`parse_gauges`] reads the whole body once, line by line, on byte slices: nothing is
 //! allocated and no line is decoded as UTF-8 unless it belongs to a family we need. The
-//! families (SPEC section 4, "Backend metrics scraped", and issue [8]):
+//! families (SPEC section 4, "Backend metrics scraped", and issue \[8\]):
 //!
 //! | field                | vLLM                                                                      | SGLang                        |
 //! |----------------------|---------------------------------------------------------------------------|-------------------------------|

@@ -1,4 +1,4 @@
-//! Per-tenant rate limits (issue [11]): `requests_per_minute` and `tokens_per_minute`, each a
+//! Per-tenant rate limits (issue \[11\]): `requests_per_minute` and `tokens_per_minute`, each a
 //! GCRA cell per tenant shared by every shard of the process, and the optional Redis store
 //! that shares them across replicas (`store.rs`, `resp.rs`).
 //!

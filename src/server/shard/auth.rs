@@ -1,4 +1,4 @@
-//! The main listener's front door (issue [11]): which routes need an API key, and the tenant
+//! The main listener's front door (issue \[11\]): which routes need an API key, and the tenant
 //! a request's `Authorization` header names. The digests and their constant-time lookup are
 //! [`credential`](crate::credential)'s; the 401 is the client room's.
 //!

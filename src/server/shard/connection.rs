@@ -3,7 +3,7 @@
 //! reading its input away before a close. The client room ([`Clients`](super::client::Clients))
 //! owns every one of them in its slab; the upstream room writes a relayed response into one.
 //!
-//! On a TLS listener (issue [11]) a connection also holds its rustls `ServerConnection`, and
+//! On a TLS listener (issue \[11\]) a connection also holds its rustls `ServerConnection`, and
 //! [`Client::fill`] and [`Client::write_out`] go through it: the handshake and the record
 //! layer run here, on the shard, non-blocking, driven by the same edges as plaintext (sans-IO
 //! rustls: `read_tls` from the socket, `process_new_packets`, plaintext out of its `reader`;

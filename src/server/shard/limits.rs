@@ -1,4 +1,4 @@
-//! A request against its tenant's rate limits (issue [11]): what it reserves when it is queued,
+//! A request against its tenant's rate limits (issue \[11\]): what it reserves when it is queued,
 //! the answer when it is refused, and what it settles to when it ends. The cells and their
 //! arithmetic are [`Limiter`]'s (`server::rate_limit`); this file decides the amounts.
 //!

@@ -203,7 +203,7 @@ struct Cx<'a> {
     shutting_down: &'a AtomicBool,
     /// This shard's index, the high bits of its request ids.
     shard: u16,
-    /// Issue [11]: every tenant's rate-limit cells.
+    /// Issue \[11\]: every tenant's rate-limit cells.
     limiter: &'a super::rate_limit::Limiter,
 }
 

@@ -35,13 +35,14 @@ pub(super) struct Admission {
     pub(super) backend: u16,
     pub(super) lane: Lane,
     pub(super) waited: Tick,
-    /// Issue [10]: the turn depth's bucket ([`turn_bucket`](crate::scheduler::tracker::turn_bucket))
-    /// and the prefix predicted at admission.
+    /// Issue \[10\]: the turn depth's bucket
+    /// ([`turn_bucket`](crate::scheduler::tracker::turn_bucket)) and the prefix predicted at
+    /// admission.
     pub(super) turn: usize,
     pub(super) warm: bool,
 }
 
-/// Which session source identified the request (issue [10]) and where the value lies: what
+/// Which session source identified the request (issue \[10\]) and where the value lies: what
 /// the session key was hashed from, the debug header names and the access log writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Session {
@@ -74,7 +75,7 @@ pub(super) struct Request {
     pub(super) head: RequestHead,
     pub(super) id: RequestId,
     pub(super) model: Option<u16>,
-    /// Issue [11]: the tenant its API key names, from 1 (`generation::Tenant` at index - 1);
+    /// Issue \[11\]: the tenant its API key names, from 1 (`generation::Tenant` at index - 1);
     /// [`NO_TENANT`](crate::server::generation::NO_TENANT) when no tenant is configured or the
     /// route needs no key.
     pub(super) tenant: u16,
@@ -111,7 +112,7 @@ pub(super) struct Request {
     pub(super) failure: Option<UpstreamError>,
     /// Reads the `usage` of a 2xx response as it is relayed (what the scheduler learns from).
     pub(super) usage: UsageScanner,
-    /// Issue [11]: what it reserved of its tenant's limits, until it settles (`limits.rs`).
+    /// Issue \[11\]: what it reserved of its tenant's limits, until it settles (`limits.rs`).
     pub(super) reservation: Option<Reservation>,
     /// The prompt's estimated tokens, as reserved.
     pub(super) prompt_estimate: u64,

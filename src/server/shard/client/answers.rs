@@ -31,7 +31,7 @@ impl Clients {
         self.finish_response(key, answer.0, to.keep_alive, model, upstreams, cx);
     }
 
-    /// Issue [11]: a request its tenant's limits refused: 429 `rate_limit_exceeded` with the
+    /// Issue \[11\]: a request its tenant's limits refused: 429 `rate_limit_exceeded` with the
     /// bucket's `Retry-After`, or 400 `request_too_large` when it could never fit.
     pub(super) fn limited(
         &mut self,
@@ -53,7 +53,7 @@ impl Clients {
         self.finish_response(key, status, to.keep_alive, Some(model), upstreams, cx);
     }
 
-    /// A 401 `invalid_api_key` with `WWW-Authenticate: Bearer` (issue [11]), from the head
+    /// A 401 `invalid_api_key` with `WWW-Authenticate: Bearer` (issue \[11\]), from the head
     /// alone: a request with a body closes the connection after it, as its body is not read.
     pub(super) fn unauthorized(
         &mut self,

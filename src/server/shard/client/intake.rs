@@ -30,7 +30,7 @@ struct Route {
     model: u16,
     session: Option<u64>,
     body_len: usize,
-    /// Issue [11]: the body's `max_tokens` (see `protocol::json::ModelField`).
+    /// Issue \[11\]: the body's `max_tokens` (see `protocol::json::ModelField`).
     max_tokens: Option<u32>,
 }
 
@@ -143,7 +143,7 @@ impl Clients {
     }
 
     /// A request's head is parsed (into the next request slot): it takes that slot, shows its
-    /// API key when tenants are configured (issue [11]), and waits for its body (answering
+    /// API key when tenants are configured (issue \[11\]), and waits for its body (answering
     /// `100 Continue` when asked).
     fn begin(&mut self, key: usize, now: Tick, upstreams: &mut Upstreams, cx: &mut Cx) {
         let head = self.requests.next_head();

@@ -576,40 +576,26 @@ mod tests {
         assert_ne!(Owner::Client(5).token(), Owner::Upstream(5).token());
     }
 
-    /// The window a flaky reload test found: a reload that publishes generation 2 before a
-    /// shard's thread has started. The shard starts on the generation its schedulers were built
-    /// on and adopts 2 at its first refresh, so the hosted scheduler gets the added backend.
-    #[test]
-    fn a_reload_published_before_a_shard_starts_reaches_its_schedulers() {
-        use crate::config::{Config, ModelConfig};
+    /// A shard not yet started, on generation 1 of `models` (name, backends), whose
+    /// configuration file is `path`, as `server::start_with_source` leaves it for its thread.
+    fn unstarted(path: &std::path::Path, models: &[(&str, &[&str])]) -> (Setup, Arc<Shared>) {
         use crate::control::thread::{ControlSettings, Plan};
 
-        let config = |backends: &[&str]| {
-            let backends = backends.iter().map(|b| b.to_string()).collect();
-            Config::with_models(vec![ModelConfig::new("m", backends)])
+        let config = fleet(models);
+        std::fs::write(path, config.to_toml()).unwrap();
+        let source = super::super::ConfigSource {
+            path: path.to_owned(),
+            overrides: Default::default(),
+            env: |_| None,
         };
         let clock = Clock::real();
         let (mut polls, rings) = super::super::shard_polls(1).unwrap();
-        let (first, hosts) =
-            Generation::build(1, config(&["127.0.0.1:1"]), None, &clock, &rings).unwrap();
+        let (first, hosts) = Generation::build(1, config, None, &clock, &rings).unwrap();
         let first = Arc::new(first);
-        let plan = Plan {
-            targets: Vec::new(),
-            settings: ControlSettings::from_config(&first.config.upstream),
-        };
-        let shared =
-            Arc::new(Shared::new(Arc::clone(&first), None, rings, plan, Vec::new(), &clock));
-        let (second, none) = Generation::build(
-            2,
-            config(&["127.0.0.1:1", "127.0.0.1:2"]),
-            Some(&first),
-            &clock,
-            &shared.rings,
-        )
-        .unwrap();
-        assert!(none.is_empty(), "no model added");
-        shared.publish(Arc::new(second));
-
+        let settings = ControlSettings::from_config(&first.config.upstream);
+        let plan = Plan { targets: Vec::new(), settings };
+        let shared = Shared::new(Arc::clone(&first), Some(source), rings, plan, Vec::new(), &clock);
+        let shared = Arc::new(shared);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let setup = Setup {
@@ -623,12 +609,68 @@ mod tests {
             core: None,
             shard_count: 1,
         };
+        (setup, shared)
+    }
+
+    fn fleet(models: &[(&str, &[&str])]) -> crate::config::Config {
+        let model = |(name, backends): &(&str, &[&str])| {
+            let backends = backends.iter().map(|b| b.to_string()).collect();
+            crate::config::ModelConfig::new(*name, backends)
+        };
+        crate::config::Config::with_models(models.iter().map(model).collect())
+    }
+
+    /// Writes `models` to the configuration file and reloads it, as `POST /admin/reload` does.
+    fn reload(shared: &Shared, models: &[(&str, &[&str])]) {
+        let path = &shared.source.as_ref().unwrap().path;
+        std::fs::write(path, fleet(models).to_toml()).unwrap();
+        super::super::reload::reload(shared).unwrap();
+    }
+
+    /// The backends model `model`'s hosted scheduler has, after a pass.
+    fn scheduler_backends(shard: &mut Shard, model: usize) -> usize {
+        shard.hosted.pass(shard.clock.now(), shard.index);
+        let report = shard.gen.models[model].report.lock().unwrap();
+        report.backends.len()
+    }
+
+    fn temp_config(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("warmpath-shard-{}-{name}.toml", std::process::id()))
+    }
+
+    /// The window a flaky reload test found: a reload that publishes generation 2 before a
+    /// shard's thread has started. The shard starts on the generation its schedulers were built
+    /// on and adopts 2 at its first refresh, so the hosted scheduler gets the added backend.
+    #[test]
+    fn a_reload_published_before_a_shard_starts_reaches_its_schedulers() {
+        let path = temp_config("before-start");
+        let (setup, shared) = unstarted(&path, &[("m", &["127.0.0.1:1"])]);
+        reload(&shared, &[("m", &["127.0.0.1:1", "127.0.0.1:2"])]);
         let mut shard = Shard::new(setup).unwrap();
         shard.refresh();
         assert_eq!(shard.gen.number, 2);
-        shard.hosted.pass(clock.now(), 0);
-        let report = shard.gen.models[0].report.lock().unwrap();
-        assert_eq!(report.backends.len(), 2, "the hosted scheduler has the added backend");
+        assert_eq!(scheduler_backends(&mut shard, 0), 2, "the added backend");
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Two reloads before the home shard's next loop iteration: the first adds a model (its
+    /// scheduler waits in the shard's mailbox, built for generation 2), the second adds a
+    /// backend to it. The shard goes from 1 to 3 at once, and the new scheduler must be
+    /// reconfigured to 3 as the others are.
+    #[test]
+    fn a_model_added_and_changed_before_its_shard_looks_gets_the_last_change() {
+        let path = temp_config("two-reloads");
+        let (setup, shared) = unstarted(&path, &[("m", &["127.0.0.1:1"])]);
+        let mut shard = Shard::new(setup).unwrap();
+        shard.refresh();
+        assert_eq!(shard.gen.number, 1);
+        reload(&shared, &[("m", &["127.0.0.1:1"]), ("n", &["127.0.0.1:3"])]);
+        reload(&shared, &[("m", &["127.0.0.1:1"]), ("n", &["127.0.0.1:3", "127.0.0.1:4"])]);
+        shard.refresh();
+        assert_eq!(shard.gen.number, 3);
+        assert_eq!(scheduler_backends(&mut shard, 1), 2, "the second reload's backend");
+        assert_eq!(scheduler_backends(&mut shard, 0), 1);
+        let _ = std::fs::remove_file(path);
     }
 
     /// Each attempt runs on a thread of its own, so a pin that works does not pin the test

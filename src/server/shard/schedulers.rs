@@ -164,8 +164,10 @@ impl Hosted {
         self.hosts.iter().all(|h| !h.backlogged() && h.inbox().is_empty())
     }
 
-    /// A new generation: reconfigures the schedulers hosted so far (those of live models) and
-    /// takes `new` ones, the schedulers of models it added whose home is this shard.
+    /// A new generation: takes `new` schedulers (of models a reload added whose home is this
+    /// shard), then reconfigures every hosted one of a live model. A new one is reconfigured
+    /// too: it was built for the generation that added its model, and a later reload may have
+    /// changed that model before this shard looked (it adopts only the newest generation).
     pub(super) fn adopt(
         &mut self,
         gen: &Generation,
@@ -173,15 +175,15 @@ impl Hosted {
         rate: TickRate,
         new: Vec<(u16, ShardHost)>,
     ) {
+        for (model, host) in new {
+            self.models.push(model);
+            self.hosts.push(host);
+        }
         for (model, host) in self.models.iter().zip(&mut self.hosts) {
             let m = &gen.models[usize::from(*model)];
             if m.live {
                 host.reconfigure(now, gen.params(usize::from(*model), rate), &m.live_backends());
             }
-        }
-        for (model, host) in new {
-            self.models.push(model);
-            self.hosts.push(host);
         }
     }
 }

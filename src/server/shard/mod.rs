@@ -673,6 +673,24 @@ mod tests {
         let _ = std::fs::remove_file(path);
     }
 
+    /// A reload that fills the mailbox after a shard has read the generation it is adopting:
+    /// the shard takes a scheduler whose model that generation does not have yet, keeps it,
+    /// and configures it at the next adoption.
+    #[test]
+    fn a_scheduler_newer_than_the_generation_adopted_waits_for_the_next() {
+        let path = temp_config("newer-host");
+        let (setup, shared) = unstarted(&path, &[("m", &["127.0.0.1:1"])]);
+        let mut shard = Shard::new(setup).unwrap();
+        let first = shared.generation();
+        reload(&shared, &[("m", &["127.0.0.1:1"]), ("n", &["127.0.0.1:3"])]);
+        shard.adopt(first);
+        assert_eq!(shard.gen.number, 1);
+        shard.refresh();
+        assert_eq!(shard.gen.number, 2);
+        assert_eq!(scheduler_backends(&mut shard, 1), 1, "model n is hosted");
+        let _ = std::fs::remove_file(path);
+    }
+
     /// Each attempt runs on a thread of its own, so a pin that works does not pin the test
     /// runner's thread.
     fn pin_on_a_new_thread(core: core_affinity::CoreId) -> Result<(), String> {

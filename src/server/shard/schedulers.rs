@@ -168,6 +168,9 @@ impl Hosted {
     /// shard), then reconfigures every hosted one of a live model. A new one is reconfigured
     /// too: it was built for the generation that added its model, and a later reload may have
     /// changed that model before this shard looked (it adopts only the newest generation).
+    /// One may also come from a reload newer than `gen` (it filled the mailbox after `gen` was
+    /// read): its model is not in `gen`, and it is reconfigured at the next adoption, which
+    /// that reload's publication makes sure of.
     pub(super) fn adopt(
         &mut self,
         gen: &Generation,
@@ -180,7 +183,7 @@ impl Hosted {
             self.hosts.push(host);
         }
         for (model, host) in self.models.iter().zip(&mut self.hosts) {
-            let m = &gen.models[usize::from(*model)];
+            let Some(m) = gen.models.get(usize::from(*model)) else { continue };
             if m.live {
                 host.reconfigure(now, gen.params(usize::from(*model), rate), &m.live_backends());
             }

@@ -38,71 +38,56 @@ fn reload(router: &Router) {
     assert_eq!(response.status, 200, "{}", response.text());
 }
 
-#[test]
-fn reloads_under_traffic_lose_nothing_and_end_on_the_last_backends() {
-    let backends = [Backend::start(), Backend::start(), Backend::start()];
-    let [a, b, c] = &backends;
-    let path = support::temp_path("reload-under-load", "config.toml");
-    let router = setup(&[a], false).start_from_file(&path);
+/// Clients sending requests to [`MODELS`] in turn, four connections' worth, until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
+    refused: Arc<Mutex<Vec<(u16, String)>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let refused = Arc::new(Mutex::new(Vec::new()));
-    let clients: Vec<_> = (0..4)
-        .map(|k| {
-            let (stop, answered, refused) = (stop.clone(), answered.clone(), refused.clone());
-            let addr = router.addr;
-            std::thread::spawn(move || {
-                let mut sent = 0usize;
-                while !stop.load(Ordering::Relaxed) {
-                    let model = MODELS[(k + sent) % MODELS.len()];
-                    let response = client::exchange(addr, &chat_request(model, None, false));
-                    match response.status {
-                        200 => answered.fetch_add(1, Ordering::Relaxed),
-                        _ => {
+impl Load {
+    fn start(router: &Router) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..4)
+            .map(|k| {
+                let (stop, answered, refused) = (stop.clone(), answered.clone(), refused.clone());
+                let addr = router.addr;
+                std::thread::spawn(move || {
+                    let mut sent = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        let model = MODELS[(k + sent) % MODELS.len()];
+                        let response = client::exchange(addr, &chat_request(model, None, false));
+                        if response.status == 200 {
+                            answered.fetch_add(1, Ordering::Relaxed);
+                        } else {
                             refused.lock().unwrap().push((response.status, response.text()));
-                            0
                         }
-                    };
-                    sent += 1;
-                }
+                        sent += 1;
+                    }
+                })
             })
-        })
-        .collect();
+            .collect();
+        Load { stop, answered, refused, threads }
+    }
 
-    // Every set adds or removes at least one backend; `o` first comes with a, b and c (its
-    // table's order); the last set leaves c out.
-    let sets: [(&[&Backend], bool); 6] = [
-        (&[a, b], false),
-        (&[b, c], false),
-        (&[a, b, c], true),
-        (&[c], true),
-        (&[a, c], false),
-        (&[a, b], true),
-    ];
-    for round in 0..5 {
-        for (set, with_o) in sets {
-            std::fs::write(&path, setup(set, with_o).toml()).unwrap();
-            reload(&router);
-            // A few requests between reloads, and now and then two reloads back to back.
-            if round % 2 == 0 {
-                std::thread::sleep(Duration::from_millis(3));
-            }
+    /// Stops the clients; the requests answered 200 (panics if any was answered otherwise).
+    fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            thread.join().unwrap();
         }
+        let refused = self.refused.lock().unwrap();
+        assert!(refused.is_empty(), "answered with an error during reloads: {refused:?}");
+        self.answered.load(Ordering::Relaxed)
     }
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        client.join().unwrap();
-    }
-    let refused = refused.lock().unwrap();
-    assert!(refused.is_empty(), "answered with an error during reloads: {refused:?}");
-    let answered = answered.load(Ordering::Relaxed);
-    assert!(answered > 0, "the clients sent requests");
-    let reached: usize = backends.iter().map(Backend::request_count).sum();
-    assert_eq!(reached, answered, "each answered request reached exactly one backend");
+}
 
-    // Settled: each scheduler has all three backends in its table, c not live, and new
-    // requests to each model go to a and b in turn.
+/// Settled on `a` and `b` after `c` was removed: each model's scheduler has all three in its
+/// table, `c` not live, and new requests to each model go to `a` and `b` in turn.
+fn assert_settled(router: &Router, backends: &[Backend; 3]) {
     let queue = client::debug_queue(router.admin);
     let entries = queue["models"].as_array().unwrap();
     assert_eq!(entries.len(), 3, "{queue}");
@@ -124,6 +109,41 @@ fn reloads_under_traffic_lose_nothing_and_end_on_the_last_backends() {
     assert_eq!(after[2], before[2], "no new request reaches the removed backend");
     assert_eq!(after[0] - before[0] + after[1] - before[1], 12);
     assert!(after[0] > before[0] && after[1] > before[1], "a and b both serve: {after:?}");
+}
+
+#[test]
+fn reloads_under_traffic_lose_nothing_and_end_on_the_last_backends() {
+    let backends = [Backend::start(), Backend::start(), Backend::start()];
+    let [a, b, c] = &backends;
+    let path = support::temp_path("reload-under-load", "config.toml");
+    let router = setup(&[a], false).start_from_file(&path);
+    let load = Load::start(&router);
+
+    // Every set adds or removes at least one backend; `o` first comes with a, b and c (its
+    // table's order); the last set leaves c out.
+    let sets: [(&[&Backend], bool); 6] = [
+        (&[a, b], false),
+        (&[b, c], false),
+        (&[a, b, c], true),
+        (&[c], true),
+        (&[a, c], false),
+        (&[a, b], true),
+    ];
+    for round in 0..5 {
+        for (set, with_o) in sets {
+            std::fs::write(&path, setup(set, with_o).toml()).unwrap();
+            reload(&router);
+            // A few requests between reloads, and now and then reloads back to back.
+            if round % 2 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        }
+    }
+    let answered = load.stop();
+    assert!(answered > 0, "the clients sent requests");
+    let reached: usize = backends.iter().map(Backend::request_count).sum();
+    assert_eq!(reached, answered, "each answered request reached exactly one backend");
+    assert_settled(&router, &backends);
     for model in ["m", "n", "o"] {
         client::wait_idle(router.admin, model);
     }

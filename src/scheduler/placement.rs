@@ -111,9 +111,12 @@ impl Prefix {
         }
     }
 
-    /// Room for `arena` queue slots and `backends` backends (a live reconfiguration).
+    /// Room for `arena` queue slots and `backends` backends (a live reconfiguration). Never
+    /// shrinks: lower limits make a smaller arena than the queue's, whose upper slots may hold
+    /// requests (the queue's arena never shrinks either).
     pub fn grow(&mut self, params: &Params, arena: u32) {
-        self.prompt_of.resize(arena as usize, NO_PROMPT);
+        let arena = (arena as usize).max(self.prompt_of.len());
+        self.prompt_of.resize(arena, NO_PROMPT);
         let backends = usize::from(params.backends);
         while self.indexes.len() < backends {
             self.indexes

@@ -588,3 +588,26 @@ fn check_derivation(
     }
     Ok(())
 }
+
+/// A reload that lowers `max_queued` (so the arena the new limits need is smaller than the
+/// one in use) keeps the prompts of the requests queued in the upper slots: they are admitted,
+/// cancelled and give their prompt slots back as before.
+#[test]
+fn a_lowered_max_queued_keeps_the_prompts_of_requests_in_upper_slots() {
+    let mut h = H::new(params(1, 1));
+    let pool = h.s.prompt_pool().expect("prefix-cost has a pool");
+    for id in 1..=40 {
+        h.arrive(id, None, &chain(id * 100, 2), BLOCK_TOKENS * 2, false);
+    }
+    assert_eq!(h.s.queued(), 39);
+    let lowered = Params { max_queued: 2, ..params(1, 1) };
+    let mut out = Vec::new();
+    h.s.reconfigure(h.now, lowered, &[true], &mut out);
+    h.s.check_invariants();
+    for id in 2..=40 {
+        h.send(Input::Cancel(RequestId(id)));
+    }
+    assert_eq!(h.complete(1), vec![]);
+    assert_eq!(h.s.queued(), 0);
+    assert_eq!(pool.available(), pool.capacity(), "every prompt slot came back");
+}

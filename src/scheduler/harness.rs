@@ -132,6 +132,11 @@ impl Live {
             }
             _ => {}
         }
+        self.apply_outputs(outputs);
+    }
+
+    fn apply_outputs(&mut self, outputs: &[Output]) {
+        let forget = |list: &mut Vec<u64>, id: u64| list.retain(|&x| x != id);
         for output in outputs {
             match *output {
                 Output::Admit { id, .. } => {
@@ -192,6 +197,55 @@ fn decode_arrival(
             n => bytes.below(u32::from(n) + 2) as u16,
         },
     })
+}
+
+/// One step: an input, or a live reconfiguration (the new parameters and which backends are
+/// still configured).
+#[derive(Debug)]
+enum Step {
+    Input(Input),
+    Reconfigure(Params, Vec<bool>),
+}
+
+/// What a reload may change, restricted to what the reference restates: a backend added (up
+/// to four), any backend removed or back (one at least stays), and one of `max_queued`,
+/// `inflight_per_backend`, the queue timeout or a new tenant.
+fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
+    let mut params = current.clone();
+    if params.backends < 4 && bytes.below(2) == 0 {
+        params.backends += 1;
+    }
+    let mut live: Vec<bool> = (0..params.backends).map(|_| bytes.below(4) != 0).collect();
+    if !live.contains(&true) {
+        live[bytes.below(u32::from(params.backends)) as usize] = true;
+    }
+    match bytes.below(5) {
+        0 => params.max_queued = 1 + bytes.below(12),
+        1 => params.inflight_per_backend = 1 + bytes.below(3),
+        2 => {
+            let timeouts = [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)];
+            params.queue_timeout = timeouts[bytes.below(3) as usize];
+        }
+        3 if !params.tenant_weights.is_empty() && params.tenant_weights.len() < 4 => {
+            params.tenant_weights.push([1, 3, 1, 10][bytes.below(4) as usize]);
+        }
+        _ => {}
+    }
+    Step::Reconfigure(params, live)
+}
+
+fn decode_step(
+    bytes: &mut Bytes,
+    live: &mut Live,
+    params: &Params,
+    now: Tick,
+    prompt: Option<(&PromptPool, &mut Vec<u64>)>,
+) -> Step {
+    let counts = (params.backends, params.tenant_weights.len() as u16);
+    match bytes.below(16) {
+        14 => decode_reconfigure(bytes, params),
+        _ => Step::Input(decode_input(bytes, live, counts, now, prompt)),
+    }
 }
 
 fn decode_input(
@@ -298,18 +352,29 @@ fn run_params(data: &[u8], tenants: bool) {
         now += advance(&mut bytes);
         blocks.clear();
         let prompt = pool.as_deref().map(|pool| (pool, &mut blocks));
-        let counts = (params.backends, params.tenant_weights.len() as u16);
-        let input = decode_input(&mut bytes, &mut live, counts, now, prompt);
+        let next = decode_step(&mut bytes, &mut live, &params, now, prompt);
         model.set_next_blocks(&blocks);
         got.clear();
         want.clear();
-        real.handle(now, input, &mut got);
-        model.handle(now, input, &mut want);
-        let context = || format!("step {step} at {now}: {input:?}\nparams {params:?}");
+        match &next {
+            Step::Input(input) => {
+                real.handle(now, *input, &mut got);
+                model.handle(now, *input, &mut want);
+            }
+            Step::Reconfigure(new, backends) => {
+                real.reconfigure(now, new.clone(), backends, &mut got);
+                model.reconfigure(now, new.clone(), backends, &mut want);
+                params = new.clone();
+            }
+        }
+        let context = || format!("step {step} at {now}: {next:?}\nparams {params:?}");
         assert_eq!(split(&got), split(&want), "outputs differ, {}", context());
         real.check_invariants();
         compare_state(&real, &model, params.backends, &context);
-        live.apply(&input, &got);
+        match &next {
+            Step::Input(input) => live.apply(input, &got),
+            Step::Reconfigure(..) => live.apply_outputs(&got),
+        }
         step += 1;
     }
 }

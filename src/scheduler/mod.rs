@@ -226,7 +226,8 @@ impl Scheduler {
     /// - The arena, id index, heap, hold table and wheel grow when the new limits need more
     ///   room (an allocation, off the request path); they never shrink. A lowered `max_queued`
     ///   refuses new arrivals until the queue is below it; a lowered `inflight_per_backend`
-    ///   admits nothing to a backend until its inflight is below it.
+    ///   admits nothing to a backend until its inflight is below it, and the arena keeps room
+    ///   for a full queue beside the requests admitted over it.
     /// - Grace holds end (their slots return to admission): they were taken under the old caps.
     /// - A new `queue.timeout` applies to the requests already queued too, measured from when
     ///   each was enqueued (arrival or retry): every armed deadline shifts by the difference, a
@@ -261,7 +262,11 @@ impl Scheduler {
         }
         self.usable = self.backends.iter().filter(|b| b.usable()).count() as u16;
         let slots = u64::from(params.inflight_per_backend) * u64::from(params.backends);
-        let arena = u64::from(params.max_queued) + slots;
+        // Requests admitted under a higher cap stay until they finish (no new admission goes
+        // past the new one): the arena holds a full queue beside them.
+        let cap = params.inflight_per_backend;
+        let admitted: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(cap))).sum();
+        let arena = u64::from(params.max_queued) + admitted;
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         self.queue.grow(arena as u32);
         self.fair.grow(&params.tenant_weights);

@@ -113,11 +113,60 @@ struct Learned {
 struct Backend {
     healthy: bool,
     ejected: bool,
+    /// No longer configured (a reconfiguration): never usable; its requests finish.
+    removed: bool,
     ejected_at: Tick,
     failures: u32,
     waiting: Option<u32>,
     scraped_at: Tick,
     stale_deadline: Option<Tick>,
+}
+
+impl Backend {
+    /// A backend at start, or added by a reconfiguration: healthy, nothing known.
+    const NEW: Backend = Backend {
+        healthy: true,
+        ejected: false,
+        removed: false,
+        ejected_at: 0,
+        failures: 0,
+        waiting: None,
+        scraped_at: 0,
+        stale_deadline: None,
+    };
+}
+
+impl Tenant {
+    fn new(weight: u16) -> Tenant {
+        Tenant {
+            weight: u64::from(weight.max(1)),
+            finish: 0,
+            key: None,
+            boosted_admits: 0,
+            streak: 0,
+        }
+    }
+}
+
+impl Learned {
+    /// Nothing learned yet, under `params`' budget.
+    fn new(params: &Params) -> Learned {
+        Learned {
+            last_first_byte: 0,
+            window: (0, 0, 0),
+            windows: Vec::new(),
+            budget: match params.prefill_tokens_per_backend {
+                Budget::Auto => estimate::BUDGET_UNLEARNED,
+                Budget::Tokens(tokens) => tokens,
+            },
+            filled: false,
+            capacity: 0,
+            counters: None,
+            period: (0, 0, 0, false),
+            counter_seen: false,
+            index_scale: estimate::INDEX_SCALE_START,
+        }
+    }
 }
 
 /// The reference scheduler.
@@ -155,31 +204,16 @@ pub struct Reference {
 impl Reference {
     /// A reference scheduler for `params`.
     pub fn new(params: Params) -> Reference {
-        let backend = Backend {
-            healthy: true,
-            ejected: false,
-            ejected_at: 0,
-            failures: 0,
-            waiting: None,
-            scraped_at: 0,
-            stale_deadline: None,
-        };
         Reference {
             resolution: params.timer_resolution.max(1).next_power_of_two(),
             queued: Vec::new(),
             admitted: Vec::new(),
             tracker: SessionTracker::with_capacity(params.max_sessions as usize),
-            backends: vec![backend; usize::from(params.backends)],
+            backends: vec![Backend::NEW; usize::from(params.backends)],
             holds: Vec::new(),
             tenants: std::iter::once(1)
                 .chain(params.tenant_weights.iter().copied())
-                .map(|weight| Tenant {
-                    weight: u64::from(weight.max(1)),
-                    finish: 0,
-                    key: None,
-                    boosted_admits: 0,
-                    streak: 0,
-                })
+                .map(Tenant::new)
                 .collect(),
             vtime: 0,
             cursor: 0,
@@ -199,26 +233,62 @@ impl Reference {
                 params.prefix.index_blocks.initial() as usize;
                 usize::from(params.backends)
             ],
-            learned: vec![
-                Learned {
-                    last_first_byte: 0,
-                    window: (0, 0, 0),
-                    windows: Vec::new(),
-                    budget: match params.prefill_tokens_per_backend {
-                        Budget::Auto => estimate::BUDGET_UNLEARNED,
-                        Budget::Tokens(tokens) => tokens,
-                    },
-                    filled: false,
-                    capacity: 0,
-                    counters: None,
-                    period: (0, 0, 0, false),
-                    counter_seen: false,
-                    index_scale: estimate::INDEX_SCALE_START,
-                };
-                usize::from(params.backends)
-            ],
+            learned: vec![Learned::new(&params); usize::from(params.backends)],
             p: params,
         }
+    }
+
+    /// [`Scheduler::reconfigure`](super::Scheduler::reconfigure) restated: timers first, every
+    /// grace hold ends, new backends start as at start and `live` marks the removed ones,
+    /// tenants keep their state under their new weights, a changed queue timeout moves every
+    /// queued deadline by the difference (arms them all from `now`, or disarms them), the new
+    /// limits apply (`max_sessions` stays), and what they allow is admitted.
+    pub fn reconfigure(
+        &mut self,
+        now: Tick,
+        mut params: Params,
+        live: &[bool],
+        out: &mut Vec<Output>,
+    ) {
+        assert!(params.backends >= self.p.backends, "backends are never renumbered");
+        assert_eq!(
+            params.prefill_tokens_per_backend, self.p.prefill_tokens_per_backend,
+            "not restated: a new prefill budget"
+        );
+        params.max_sessions = self.p.max_sessions;
+        self.fire(now, out);
+        self.holds.clear();
+        let count = usize::from(params.backends);
+        self.backends.resize(count, Backend::NEW);
+        self.learned.resize(count, Learned::new(&params));
+        let index_blocks = params.prefix.index_blocks.initial() as usize;
+        self.index_capacity.resize(count, index_blocks);
+        while self.indexes.len() < count {
+            self.indexes.push(SessionTracker::with_capacity(index_blocks));
+        }
+        for (backend, &live) in self.backends.iter_mut().zip(live) {
+            backend.removed = !live;
+        }
+        let weights = std::iter::once(1).chain(params.tenant_weights.iter().copied());
+        for (t, weight) in weights.enumerate() {
+            match self.tenants.get_mut(t) {
+                Some(tenant) => tenant.weight = u64::from(weight.max(1)),
+                None => self.tenants.push(Tenant::new(weight)),
+            }
+        }
+        let deadline = |d: Option<Tick>| match (self.p.queue_timeout, params.queue_timeout) {
+            (Some(old), Some(new)) => d.map(|d| d.saturating_sub(old).saturating_add(new)),
+            (None, Some(new)) => Some(now.saturating_add(new)),
+            (_, None) => None,
+        };
+        let deadlines: Vec<Option<Tick>> =
+            self.queued.iter().map(|q| deadline(q.deadline)).collect();
+        for (request, deadline) in self.queued.iter_mut().zip(deadlines) {
+            request.deadline = deadline;
+        }
+        self.p = params;
+        self.fire(now, out);
+        self.admit(now, out);
     }
 
     /// The block hashes the next `Arrive` carries (the real scheduler reads them from its
@@ -662,7 +732,7 @@ impl Reference {
 
     fn usable(&self, backend: u16) -> bool {
         let state = &self.backends[usize::from(backend)];
-        state.healthy && !state.ejected
+        state.healthy && !state.ejected && !state.removed
     }
 
     fn holds_on(&self, backend: u16) -> u32 {

@@ -747,6 +747,32 @@ fn an_added_backend_takes_queued_requests_at_once() {
     assert_eq!(admitted_to(&h.complete(1)), vec![(3, 0)]);
 }
 
+/// Requests admitted under a higher `inflight_per_backend` stay admitted when a reload lowers
+/// it; the arena must still hold a full queue beside them, also when the same reload raises
+/// `max_queued` (found by the `scheduler_model` fuzz target once it reconfigured: the arena
+/// was sized for the new caps only, and the next arrival found it exhausted).
+#[test]
+fn a_full_queue_fits_beside_requests_admitted_over_a_lowered_cap() {
+    let wide = Params { max_queued: 1, inflight_per_backend: 3, ..params() };
+    let mut h = Harness::new(wide);
+    for id in 1..=3 {
+        block(&mut h, id);
+    }
+    h.arrive(4, None);
+    assert_eq!(h.s.queued(), 1);
+    let narrow = Params { max_queued: 3, inflight_per_backend: 1, ..params() };
+    assert!(h.reconfigure(narrow, &[true]).is_empty());
+    for id in 5..=6 {
+        assert!(h.arrive(id, None).is_empty(), "queued behind the three admitted");
+    }
+    assert_eq!(h.s.queued(), 3);
+    assert_eq!(rejected(&h.arrive(7, None)), vec![(7, RejectReason::QueueFull)]);
+    for id in 1..=2 {
+        assert!(admitted(&h.complete(id)).is_empty(), "still over the lowered cap");
+    }
+    assert_eq!(admitted(&h.complete(3)), vec![4]);
+}
+
 #[test]
 fn a_removed_backend_finishes_its_requests_and_gets_no_new_ones() {
     let two = Params { backends: 2, ..params() };

@@ -207,9 +207,9 @@ enum Step {
     Reconfigure(Params, Vec<bool>),
 }
 
-/// What a reload may change, restricted to what the reference restates: a backend added (up
-/// to four), any backend removed or back (one at least stays), and one of `max_queued`,
-/// `inflight_per_backend`, the queue timeout or a new tenant.
+/// What a reload may change, restricted to what the reference restates (not the prefill
+/// budget; routing to or from `PrefixCost` needs a restart): a backend added (up to four), any
+/// backend removed or back (one at least stays), and one of the other limits or a new tenant.
 fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
     let mut params = current.clone();
     if params.backends < 4 && bytes.below(2) == 0 {
@@ -219,7 +219,7 @@ fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
     if !live.contains(&true) {
         live[bytes.below(u32::from(params.backends)) as usize] = true;
     }
-    match bytes.below(5) {
+    match bytes.below(10) {
         0 => params.max_queued = 1 + bytes.below(12),
         1 => params.inflight_per_backend = 1 + bytes.below(3),
         2 => {
@@ -228,6 +228,20 @@ fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
         }
         3 if !params.tenant_weights.is_empty() && params.tenant_weights.len() < 4 => {
             params.tenant_weights.push([1, 3, 1, 10][bytes.below(4) as usize]);
+        }
+        4 => params.boost = !params.boost,
+        5 if params.routing != Routing::PrefixCost => {
+            let routings = [Routing::SessionAffinity, Routing::LeastInflight, Routing::RoundRobin];
+            params.routing = routings[bytes.below(3) as usize];
+        }
+        6 => {
+            params.max_overtakes = bytes.below(4);
+            params.boosted_streak_max = bytes.below(3);
+        }
+        7 => params.grace_period = [0, 3 * RESOLUTION, RESOLUTION / 2][bytes.below(3) as usize],
+        8 => {
+            params.max_retries = bytes.below(3);
+            params.eject_after_failures = bytes.below(3);
         }
         _ => {}
     }

@@ -225,6 +225,11 @@ pub fn chat_body(model: &str, stream: bool) -> String {
     )
 }
 
+/// `POST /v1/chat/completions` with `body` as JSON.
+pub fn post_json(body: &[u8]) -> Vec<u8> {
+    request("POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body)
+}
+
 /// `POST /v1/chat/completions` for `model`, with the session header when `session` is given.
 pub fn chat_request(model: &str, session: Option<&str>, stream: bool) -> Vec<u8> {
     let mut headers = vec![("Content-Type", "application/json")];

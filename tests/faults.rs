@@ -11,10 +11,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::backend::{Backend, MetricsMode, Reply, Silent};
+use support::backend::{Backend, MetricsMode, Reply};
 use support::client::{self, chat_request, Conn};
 use support::ledger::Ledger;
 use support::router::Setup;
+use support::silent::Silent;
 use support::{eventually, wait_until, PATIENCE};
 
 const M: &str = "m";
@@ -423,7 +424,7 @@ fn spawn_router(setup: &Setup, name: &str) -> (Child, SocketAddr, SocketAddr) {
     let path = dir.join(format!("{name}-{}.toml", std::process::id()));
     std::fs::write(&path, setup.toml()).unwrap();
     let (listen, admin) =
-        (support::backend::refusing_address(), support::backend::refusing_address());
+        (support::silent::refusing_address(), support::silent::refusing_address());
     let mut command = Command::new(env!("CARGO_BIN_EXE_warmpath"));
     command.args(["serve", "--config", path.to_str().unwrap(), "--listen", &listen]);
     command.args(["--admin-listen", &admin]).stdout(Stdio::null()).stderr(Stdio::null());

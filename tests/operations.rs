@@ -354,7 +354,7 @@ fn the_binary_reloads_on_sighup_and_drains_a_stream_on_sigterm() {
     backend.set_default(Reply::Stream);
     let path = temp_path("binary.toml");
     let (listen, admin) =
-        (support::backend::refusing_address(), support::backend::refusing_address());
+        (support::silent::refusing_address(), support::silent::refusing_address());
     let first = setup(&[&backend])
         .server("listen", &listen)
         .server("admin_listen", &admin)

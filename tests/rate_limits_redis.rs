@@ -15,9 +15,10 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::backend::{refusing_address, Backend, Silent};
+use support::backend::Backend;
 use support::client::{self, Conn, Response};
 use support::router::{Router, Setup};
+use support::silent::{refusing_address, Silent};
 use support::{eventually, wait_until, PATIENCE};
 use warmpath::clock::Clock;
 use warmpath::server::rate_limit::resp::{Connection, RedisUrl, Reply};

@@ -807,7 +807,7 @@ fn the_binary_serves_and_exits_0_on_sigterm_and_sigint() {
 
 /// A loopback address with a port that was free a moment ago.
 fn free_address() -> String {
-    support::backend::refusing_address()
+    support::silent::refusing_address()
 }
 
 /// SPEC 6: with `debug_headers = true` a response says its lane, its queue wait and its

@@ -486,7 +486,7 @@ fn the_binary_reloads_the_certificate_on_sighup() {
     let (old, new) = (valid(), valid());
     write_pair(&dir, &old.cert_pem, &old.key_pem);
     let (listen, admin) =
-        (support::backend::refusing_address(), support::backend::refusing_address());
+        (support::silent::refusing_address(), support::silent::refusing_address());
     let setup = setup(&backend).server("listen", &listen).server("admin_listen", &admin);
     let path = dir.join("warmpath.toml");
     std::fs::write(&path, toml(&setup, &dir)).unwrap();

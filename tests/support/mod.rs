@@ -1,6 +1,6 @@
 //! Shared helpers of the loopback integration tests (`tests/serve.rs`, `tests/openai_client.rs`):
 //! - [`backend`]: a programmable fake inference engine (answer, hold, stream, fail, reset) that
-//!   records every request it receives;
+//!   records every request it receives; [`silent`]: one that never answers, and a refusing port;
 //! - [`client`]: a raw HTTP/1.1 client that sees exactly what the router sends (heads, chunked
 //!   framing, SSE events as they arrive) plus admin helpers for `/metrics` and `/debug/queue`;
 //! - [`router`]: a TOML configuration builder and a handle on a running `warmpath::server`;
@@ -19,6 +19,7 @@ pub mod chromium;
 pub mod client;
 pub mod ledger;
 pub mod router;
+pub mod silent;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

@@ -365,6 +365,13 @@ static FAMILIES: &[Family] = &[
         source: Source::ModelCounter(|m| &m.pool_reconnects),
     },
     Family {
+        name: "warmpath_prompt_pool_exhausted_total",
+        kind: "counter",
+        help: "Requests placed without their prompt's block hashes: the model's prompt pool \
+               had no free slot (S16).",
+        source: Source::ModelCounter(|m| &m.prompt_pool_exhausted),
+    },
+    Family {
         name: "warmpath_tenant_tokens_total",
         kind: "counter",
         help: "Tokens of a tenant's 2xx responses as settled against its limits, by kind \

@@ -178,6 +178,9 @@ pub struct ModelMetrics {
     pub upstream_errors: Box<[[AtomicU64; 5]]>,
     /// Dead pooled connections replaced by a fresh one to the same backend.
     pub pool_reconnects: AtomicU64,
+    /// S16: requests placed without their prompt's block hashes, the model's prompt pool having
+    /// no free slot.
+    pub prompt_pool_exhausted: AtomicU64,
     /// Admissions of requests without a tenant by lane (`Lane as usize`), counted by the shard
     /// that receives them (issue \[11\]; with no tenant configured `/metrics` reads the
     /// scheduler's count instead, which also holds admissions whose client had just left).
@@ -273,6 +276,7 @@ impl ModelMetrics {
             queue_wait_by_turn: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
             upstream_errors: (0..backends).map(|_| Default::default()).collect(),
             pool_reconnects: AtomicU64::new(0),
+            prompt_pool_exhausted: AtomicU64::new(0),
             admitted: Default::default(),
             tenants: (0..tenants).map(|_| OnceLock::new()).collect(),
         }

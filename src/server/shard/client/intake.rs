@@ -356,14 +356,19 @@ impl Clients {
     }
 
     /// S16: the pool slot holding the request's prompt block hashes, or [`NO_PROMPT`] when its
-    /// model hashes no prompts or the pool is exhausted.
+    /// model hashes no prompts or the pool is exhausted (counted: the request goes as if
+    /// nothing of it were cached).
     fn prompt_slot(&mut self, key: usize, model: u16, cx: &Cx) -> u32 {
         let m = &cx.gen.models[usize::from(model)];
         let Some(pool) = &m.prompts else { return NO_PROMPT };
+        let Some(slot) = pool.acquire() else {
+            let exhausted = &cx.metrics.models[usize::from(model)].prompt_pool_exhausted;
+            ShardMetrics::bump(exhausted);
+            return NO_PROMPT;
+        };
         let block = m.config.queue.prefix_block_bytes as usize;
         if block == self.prompt_hasher.block_bytes() {
             // The scan hashed at this model's block size: its hashes go into the slot.
-            let Some(slot) = pool.acquire() else { return NO_PROMPT };
             let (scratch, found) = (&self.prompt_scratch, self.prompt_hasher.ends());
             pool.with_ends(slot, |hashes, ends| {
                 hashes.clear();
@@ -375,7 +380,8 @@ impl Clients {
         // Another model's block size: a second pass at this model's.
         let c = &self.conns[key];
         let body = self.requests[c.req.expect("a request")].body(&c.rbuf);
-        hash_prompt(pool, &mut self.prompt_hasher, block, body)
+        hash_prompt(pool, slot, &mut self.prompt_hasher, block, body);
+        slot
     }
 }
 
@@ -416,10 +422,8 @@ fn find_session(
     Ok(Session::None)
 }
 
-/// S16: a pool slot holding the chained block hashes of `body`'s prompt, or [`NO_PROMPT`] when
-/// the pool is exhausted (the request then goes as if nothing of it were cached).
-fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body: &[u8]) -> u32 {
-    let Some(slot) = pool.acquire() else { return NO_PROMPT };
+/// S16: hashes `body`'s prompt in `block`-byte blocks into the pool's `slot`.
+fn hash_prompt(pool: &PromptPool, slot: u32, hasher: &mut PromptHasher, block: usize, body: &[u8]) {
     if hasher.block_bytes() != block {
         *hasher = PromptHasher::new(block);
     }
@@ -427,5 +431,4 @@ fn hash_prompt(pool: &PromptPool, hasher: &mut PromptHasher, block: usize, body:
         hasher.hash_body(body, hashes);
         *ends = hasher.ends();
     });
-    slot
 }

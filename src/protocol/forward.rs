@@ -5,7 +5,8 @@
 //! except:
 //! - hop-by-hop fields (`Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
 //!   `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authorization`,
-//!   `Proxy-Authenticate`);
+//!   `Proxy-Authenticate`), except that `Host`, `X-Forwarded-For` and `X-Request-ID` stay when
+//!   `Connection` names them ([`kept_end_to_end`]);
 //! - `Content-Length`, written anew with the length of the body actually sent (decoded from
 //!   chunks, possibly rewritten): upstream bodies are always sent with a length;
 //! - `Expect`: the router has read the whole body before forwarding, so a backend's
@@ -14,8 +15,9 @@
 //!   the router's own API key (issue \[11\]), which an engine must not see (nor log).
 //!
 //! `Host` is kept (and added, as `ForwardInfo::default_host`, for an HTTP/1.0 client that sent
-//! none, since the forwarded request is HTTP/1.1). The client address is appended to the last `X-Forwarded-For` line (or a line
-//! is added), and `X-Request-ID` is added when the client sent none.
+//! none, since the forwarded request is HTTP/1.1). The client address is appended to the last
+//! `X-Forwarded-For` line (or a line is added), and `X-Request-ID` is added when the client sent
+//! none.
 
 use std::net::IpAddr;
 
@@ -58,7 +60,7 @@ pub fn write_upstream_head(
     let hop_by_hop = HopByHop::of(&head.headers, buf);
     for (i, h) in headers.iter().enumerate() {
         let name = h.name.get(buf);
-        if hop_by_hop.contains(name)
+        if hop_by_hop.contains(name) && !kept_end_to_end(name)
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
             || extra.strip_authorization && name.eq_ignore_ascii_case(b"authorization")
@@ -91,6 +93,18 @@ pub fn write_upstream_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Fields a `Connection` listing does not remove: the `Host` an HTTP/1.1 request must carry,
+/// and the `X-Forwarded-For` and `X-Request-ID` the router appends to or keeps in place of its
+/// own. RFC 9110 section 7.6.1 forbids a sender to list a field meant for every recipient;
+/// honouring such a listing would let a client send a backend a request without a `Host`
+/// (invalid), or without the client address the router vouches for or the id that ties the
+/// request to the router's access log (found by the `http_request` fuzz target).
+fn kept_end_to_end(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"x-forwarded-for")
+        || name.eq_ignore_ascii_case(b"x-request-id")
 }
 
 #[cfg(test)]
@@ -148,6 +162,17 @@ Connection: x-3\r\nConnection: x-4\r\nConnection: x-5, x-6\r\nx-1: a\r\nx-6: b\r
         assert_eq!(
             forward(req, 0),
             "GET / HTTP/1.1\r\nHost: h\r\nx-7: c\r\nX-Forwarded-For: 10.0.0.9\r\nX-Request-ID: gen-1\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_connection_listing_does_not_remove_host_or_what_the_router_adds_to() {
+        let req = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Host, X-Forwarded-For, x-request-id, X-A\r\n\
+X-Forwarded-For: 1.2.3.4\r\nX-Request-ID: mine\r\nX-A: gone\r\n\r\n";
+        assert_eq!(
+            forward(req, 0),
+            "GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\n\
+X-Request-ID: mine\r\n\r\n"
         );
     }
 

@@ -206,7 +206,7 @@ fn client_reads(
 }
 
 /// Backend responses for the relay's unit test and the fuzz target's seeds.
-pub const RELAY_SEEDS: [&[u8]; 8] = [
+pub const RELAY_SEEDS: [&[u8]; 9] = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
       f\r\ndata: {\"a\":1}\n\n\r\ne;x=y\r\ndata: [DONE]\n\n\r\n0\r\nT: v\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: keep-alive, x-a\r\nx-a: 1\r\n\r\nhelloHTTP",
@@ -217,6 +217,7 @@ pub const RELAY_SEEDS: [&[u8]; 8] = [
     b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort",
     b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nbad",
+    b"HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: 4\r\n\r\nsome",
 ];
 
 /// Relays `data` (after two parameter bytes) as a backend response, whole and split into

@@ -219,7 +219,8 @@ pub struct RelayPlan {
 }
 
 /// Appends the head relayed to the client for backend response `head` (parsed from `buf`):
-/// its status and reason, its headers minus hop-by-hop ones, the framing chosen for the
+/// its status and reason, its headers minus hop-by-hop ones (a `Content-Length` stays when the
+/// client framing is that length, whatever `Connection` names), the framing chosen for the
 /// client, `Connection` when needed, then `extra_headers`. Returns how to send the body.
 pub fn write_client_response_head(
     head: &ResponseHead,
@@ -249,8 +250,14 @@ pub fn write_client_response_head(
     let hop_by_hop = HopByHop::of(&head.headers, buf);
     for h in head.headers.as_slice() {
         let name = h.name.get(buf);
-        let is_length = name.eq_ignore_ascii_case(b"content-length");
-        if hop_by_hop.contains(name) || is_length && drop_length {
+        // The length goes by the framing chosen for the client alone: a `Connection` header
+        // naming it must not take it out of a length-framed response (the client could not
+        // find the body's end on a connection kept alive).
+        let skip = match name.eq_ignore_ascii_case(b"content-length") {
+            true => drop_length,
+            false => hop_by_hop.contains(name),
+        };
+        if skip {
             continue;
         }
         write_header(out, name, h.value.get(buf));

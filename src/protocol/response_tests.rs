@@ -198,3 +198,14 @@ Transfer-Encoding: chunked\r\nX-One: 1\r\nX-Two: 2\r\n\r\n";
     assert_eq!(kept.headers.as_slice().len(), 1);
     assert_eq!(parse_response_head_into(&earlier[..20], 4096, false, &mut kept), Ok(false));
 }
+
+/// A backend's `Connection` header that names `Content-Length` does not take the length out
+/// of the relayed head: the client would have no way to find the body's end on a connection
+/// kept alive. The framing the router relays with is always stated.
+#[test]
+fn a_connection_listing_does_not_remove_the_relayed_length() {
+    let buf = b"HTTP/1.1 200 OK\r\nConnection: Content-Length, X-A\r\nContent-Length: 5\r\nX-A: 1\r\n\r\n";
+    let (head, plan) = relay(buf, Version::Http11, true);
+    assert_eq!(plan.framing, ResponseFraming::ContentLength(5));
+    assert_eq!(head, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+}

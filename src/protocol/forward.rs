@@ -6,7 +6,7 @@
 //! - hop-by-hop fields (`Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
 //!   `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authorization`,
 //!   `Proxy-Authenticate`), except that `Host`, `X-Forwarded-For` and `X-Request-ID` stay when
-//!   `Connection` names them ([`kept_end_to_end`]);
+//!   `Connection` names them ([`KEPT`]);
 //! - `Content-Length`, written anew with the length of the body actually sent (decoded from
 //!   chunks, possibly rewritten): upstream bodies are always sent with a length;
 //! - `Expect`: the router has read the whole body before forwarding, so a backend's
@@ -57,10 +57,10 @@ pub fn write_upstream_head(
     }
     let is_xff = |name: &[u8]| name.eq_ignore_ascii_case(b"x-forwarded-for");
     let last_xff = headers.iter().rposition(|h| is_xff(h.name.get(buf)));
-    let hop_by_hop = HopByHop::of(&head.headers, buf);
+    let hop_by_hop = HopByHop::of(&head.headers, buf, &KEPT);
     for (i, h) in headers.iter().enumerate() {
         let name = h.name.get(buf);
-        if hop_by_hop.contains(name) && !kept_end_to_end(name)
+        if hop_by_hop.contains(name)
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
             || extra.strip_authorization && name.eq_ignore_ascii_case(b"authorization")
@@ -101,11 +101,7 @@ pub fn write_upstream_head(
 /// honouring such a listing would let a client send a backend a request without a `Host`
 /// (invalid), or without the client address the router vouches for or the id that ties the
 /// request to the router's access log (found by the `http_request` fuzz target).
-fn kept_end_to_end(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"host")
-        || name.eq_ignore_ascii_case(b"x-forwarded-for")
-        || name.eq_ignore_ascii_case(b"x-request-id")
-}
+const KEPT: [&str; 3] = ["host", "x-forwarded-for", "x-request-id"];
 
 #[cfg(test)]
 mod tests {
@@ -173,6 +169,16 @@ X-Forwarded-For: 1.2.3.4\r\nX-Request-ID: mine\r\nX-A: gone\r\n\r\n";
             forward(req, 0),
             "GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\n\
 X-Request-ID: mine\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn host_stays_when_more_names_are_listed_than_the_set_keeps() {
+        let req = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: x-1, x-2, x-3, x-4, x-5, x-6, x-7, x-8, x-9, Host\r\n\
+x-9: a\r\n\r\n";
+        assert_eq!(
+            forward(req, 0),
+            "GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 10.0.0.9\r\nX-Request-ID: gen-1\r\n\r\n"
         );
     }
 

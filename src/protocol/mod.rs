@@ -263,25 +263,29 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 /// The hop-by-hop header names of one head: those of [`HOP_BY_HOP`] and those its `Connection`
-/// lines name. Built once per head, so that asking about each of its lines neither scans the
-/// whole list again for `Connection` lines nor splits their values again (a head's writer asks
-/// once per line).
+/// lines name, but for the `kept` ones, which the other side needs whatever `Connection` says
+/// (RFC 9110 section 7.6.1 forbids listing a field meant for every recipient): a request's
+/// `Host`, a response's `Content-Length`. Built once per head, so that asking about each of its
+/// lines neither scans the whole list again for `Connection` lines nor splits their values
+/// again (a head's writer asks once per line).
 struct HopByHop<'a> {
-    /// The names the `Connection` lines list, but for those of [`HOP_BY_HOP`] and `close`.
+    /// The names the `Connection` lines list, but for those of [`HOP_BY_HOP`], `close` and
+    /// `kept`.
     named: [&'a [u8]; HopByHop::NAMED],
     count: usize,
     /// More names than kept: ask the whole list (never seen from real peers).
     overflow: Option<(&'a HeaderList, &'a [u8])>,
+    kept: &'static [&'static str],
 }
 
 impl<'a> HopByHop<'a> {
     const NAMED: usize = 8;
 
-    fn of(headers: &'a HeaderList, buf: &'a [u8]) -> HopByHop<'a> {
-        let mut set = HopByHop { named: [&[]; Self::NAMED], count: 0, overflow: None };
+    fn of(headers: &'a HeaderList, buf: &'a [u8], kept: &'static [&'static str]) -> HopByHop<'a> {
+        let mut set = HopByHop { named: [&[]; Self::NAMED], count: 0, overflow: None, kept };
         let connection = headers.as_slice().iter().filter(|h| is_connection(h.name.get(buf)));
         for token in connection.flat_map(|h| tokens(h.value.get(buf))) {
-            if is_listed(token) || token.eq_ignore_ascii_case(b"close") {
+            if is_listed(token) || token.eq_ignore_ascii_case(b"close") || set.is_kept(token) {
                 continue;
             }
             if set.count == Self::NAMED {
@@ -301,12 +305,17 @@ impl<'a> HopByHop<'a> {
         }
         match self.overflow {
             None => self.named[..self.count].iter().any(|t| t.eq_ignore_ascii_case(name)),
+            Some(_) if self.is_kept(name) => false,
             Some((headers, buf)) => headers
                 .as_slice()
                 .iter()
                 .filter(|h| is_connection(h.name.get(buf)))
                 .any(|h| tokens(h.value.get(buf)).any(|t| t.eq_ignore_ascii_case(name))),
         }
+    }
+
+    fn is_kept(&self, name: &[u8]) -> bool {
+        self.kept.iter().any(|k| name.eq_ignore_ascii_case(k.as_bytes()))
     }
 }
 

@@ -247,17 +247,14 @@ pub fn write_client_response_head(
     out.push(b' ');
     out.extend_from_slice(head.reason.get(buf));
     out.extend_from_slice(b"\r\n");
-    let hop_by_hop = HopByHop::of(&head.headers, buf);
+    // The length goes by the framing chosen for the client alone: a `Connection` header naming
+    // it must not take it out of a length-framed response (the client could not find the
+    // body's end on a connection kept alive).
+    let hop_by_hop = HopByHop::of(&head.headers, buf, &["content-length"]);
     for h in head.headers.as_slice() {
         let name = h.name.get(buf);
-        // The length goes by the framing chosen for the client alone: a `Connection` header
-        // naming it must not take it out of a length-framed response (the client could not
-        // find the body's end on a connection kept alive).
-        let skip = match name.eq_ignore_ascii_case(b"content-length") {
-            true => drop_length,
-            false => hop_by_hop.contains(name),
-        };
-        if skip {
+        let is_length = name.eq_ignore_ascii_case(b"content-length");
+        if hop_by_hop.contains(name) || is_length && drop_length {
             continue;
         }
         write_header(out, name, h.value.get(buf));

@@ -276,15 +276,15 @@ impl Reference {
                 None => self.tenants.push(Tenant::new(weight)),
             }
         }
-        let deadline = |d: Option<Tick>| match (self.p.queue_timeout, params.queue_timeout) {
-            (Some(old), Some(new)) => d.map(|d| d.saturating_sub(old).saturating_add(new)),
-            (None, Some(new)) => Some(now.saturating_add(new)),
-            (_, None) => None,
-        };
-        let deadlines: Vec<Option<Tick>> =
-            self.queued.iter().map(|q| deadline(q.deadline)).collect();
-        for (request, deadline) in self.queued.iter_mut().zip(deadlines) {
-            request.deadline = deadline;
+        let timeouts = (self.p.queue_timeout, params.queue_timeout);
+        for request in &mut self.queued {
+            request.deadline = match timeouts {
+                (Some(old), Some(new)) => {
+                    request.deadline.map(|d| d.saturating_sub(old).saturating_add(new))
+                }
+                (None, Some(new)) => Some(now.saturating_add(new)),
+                (_, None) => None,
+            };
         }
         self.p = params;
         self.fire(now, out);

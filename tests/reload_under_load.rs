@@ -16,8 +16,12 @@ use support::backend::Backend;
 use support::client::{self, chat_request};
 use support::router::{Router, Setup};
 
-/// The models the clients load; `o` comes and goes with the reloads.
-const MODELS: [&str; 2] = ["m", "n"];
+/// Every model the router is given: the clients load the first two ([`MODELS`]); `o` comes and
+/// goes with the reloads.
+const ALL: [&str; 3] = ["m", "n", "o"];
+
+/// The models the clients load.
+const MODELS: [&str; 2] = [ALL[0], ALL[1]];
 
 /// The models on `backends`, round-robin (so a scheduler that lacks a backend starves it), on
 /// two shards: `m`'s scheduler is hosted by shard 0, `n`'s by shard 1, `o`'s (the third model
@@ -25,7 +29,7 @@ const MODELS: [&str; 2] = ["m", "n"];
 fn setup(backends: &[&Backend], with_o: bool) -> Setup {
     let addresses: Vec<String> = backends.iter().map(|b| b.address()).collect();
     let mut setup = Setup::new().server("shards", "2");
-    let models = if with_o { &["m", "n", "o"][..] } else { &MODELS[..] };
+    let models = if with_o { &ALL[..] } else { &MODELS[..] };
     for model in models {
         setup = setup.model(model, &addresses).model_key("routing", "round-robin");
     }
@@ -91,7 +95,7 @@ fn assert_settled(router: &Router, backends: &[Backend; 3]) {
     let queue = client::debug_queue(router.admin);
     let entries = queue["models"].as_array().unwrap();
     assert_eq!(entries.len(), 3, "{queue}");
-    for (model, entry) in ["m", "n", "o"].iter().zip(entries) {
+    for (model, entry) in ALL.iter().zip(entries) {
         assert_eq!(entry["model"], *model);
         let live: Vec<bool> = (entry["backends"].as_array().unwrap().iter())
             .map(|backend| backend["live"].as_bool().unwrap())
@@ -99,7 +103,7 @@ fn assert_settled(router: &Router, backends: &[Backend; 3]) {
         assert_eq!(live, [true, true, false], "model {model}'s scheduler: {entry}");
     }
     let before: Vec<usize> = backends.iter().map(Backend::request_count).collect();
-    for model in ["m", "n", "o"] {
+    for model in ALL {
         for _ in 0..4 {
             let response = client::exchange(router.addr, &chat_request(model, None, false));
             assert_eq!(response.status, 200, "{}", response.text());
@@ -144,7 +148,7 @@ fn reloads_under_traffic_lose_nothing_and_end_on_the_last_backends() {
     let reached: usize = backends.iter().map(Backend::request_count).sum();
     assert_eq!(reached, answered, "each answered request reached exactly one backend");
     assert_settled(&router, &backends);
-    for model in ["m", "n", "o"] {
+    for model in ALL {
         client::wait_idle(router.admin, model);
     }
 }

@@ -190,27 +190,24 @@ fn a_request_past_the_prompt_pool_after_a_reload_is_served_and_counted() {
     let small = setup(&[&backend]).queue("max_queued", "1").queue("inflight_per_backend", "1");
     let router = small.start_from_file(&path);
     backend.hold();
-    let mut held = Vec::new();
-    for (k, session) in ["one", "two"].into_iter().enumerate() {
+    let send = |session| {
         let mut conn = Conn::open(router.addr);
         conn.send(&chat_request(M, Some(session), false));
-        held.push(conn);
-        match k {
-            0 => backend.wait_holding(1),
-            _ => client::wait_queued(router.admin, M, 1),
-        }
-    }
+        conn
+    };
+    let mut held = vec![send("one")];
+    backend.wait_holding(1);
+    held.push(send("two"));
+    client::wait_queued(router.admin, M, 1);
     let larger = setup(&[&backend]).queue("max_queued", "3").queue("inflight_per_backend", "1");
     std::fs::write(&path, larger.toml()).unwrap();
     assert_eq!(reload(&router).0, 200);
-    let mut past = Conn::open(router.addr);
-    past.send(&chat_request(M, Some("three"), false));
+    held.push(send("three"));
     client::wait_queued(router.admin, M, 2);
     let metrics = client::metrics(router.admin);
     let exhausted =
         client::metric(&metrics, "warmpath_prompt_pool_exhausted_total", &[("model", M)]);
     assert_eq!(exhausted, Some(1.0), "the two slots are taken; the third request has none");
-    held.push(past);
     backend.release_all();
     for mut conn in held {
         assert_eq!(conn.response().status, 200);

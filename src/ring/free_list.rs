@@ -19,7 +19,16 @@
 //! requests in flight needed 32 (perf/RESULTS.md). A stack hands out the slots given back last,
 //! so the slots that ever hold a buffer are as many as were ever in use at once, and those are
 //! warm in cache.
+//!
+//! Growth: [`FreeList::grow`] adds slots while other threads pop and push (a live reload that
+//! raises a model's limits). The links live in a [`Segments`] array, whose elements never
+//! move; the new slots are linked to each other first, then pushed as one chain by the same
+//! swap of the top a single push makes, so a pop sees either none of them or a whole chain
+//! whose links were written before that swap.
 
+use std::sync::Mutex;
+
+use super::segments::Segments;
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// No slot: the end of the list.
@@ -33,7 +42,9 @@ pub struct FreeList {
     top: AtomicU64,
     /// For each free slot, the free slot below it ([`NIL`] at the bottom); a taken slot's entry
     /// is stale and never read as a link.
-    below: Box<[AtomicU32]>,
+    below: Segments<AtomicU32>,
+    /// The slots made so far (`0..made`, free or taken); held while adding more.
+    made: Mutex<u32>,
 }
 
 /// The top word of slot `slot` after `changes` changes.
@@ -50,10 +61,38 @@ impl FreeList {
     /// Every slot of `0..capacity` free, slot 0 on top.
     pub fn full(capacity: u32) -> FreeList {
         assert!(capacity < NIL, "the slot numbers must leave NIL free");
-        let below = (0..capacity)
-            .map(|slot| AtomicU32::new(if slot + 1 < capacity { slot + 1 } else { NIL }));
+        let below = Segments::new(capacity, |slot| {
+            AtomicU32::new(if slot + 1 < capacity { slot + 1 } else { NIL })
+        });
         let top = if capacity == 0 { NIL } else { 0 };
-        FreeList { top: AtomicU64::new(word(top, 0)), below: below.collect() }
+        FreeList { top: AtomicU64::new(word(top, 0)), below, made: Mutex::new(capacity) }
+    }
+
+    /// Makes slots up to at least `to` and pushes the new ones, lowest on top; returns the
+    /// slots made in all. Safe while other threads pop and push (module doc).
+    pub fn grow(&self, to: u32) -> u32 {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if to <= *made {
+            return *made;
+        }
+        let held = self.below.grow(u64::from(to), |_| AtomicU32::new(NIL));
+        let (first, end) = (*made, held.min(u64::from(NIL)) as u32);
+        for slot in first..end - 1 {
+            self.below.get(slot).store(slot + 1, Ordering::Relaxed);
+        }
+        let mut top = self.top.load(Ordering::Relaxed);
+        loop {
+            self.below.get(end - 1).store(top as u32, Ordering::Relaxed);
+            let changed = after(top, first);
+            // Release: the chain's links stored above are visible to the pops that take it.
+            match self.top.compare_exchange_weak(top, changed, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => top = now,
+            }
+        }
+        *made = end;
+        end
     }
 
     /// Takes the slot on top, or `None` when every slot is taken.
@@ -66,7 +105,7 @@ impl FreeList {
                 return None;
             }
             // Stale if `slot` was taken meanwhile; then the count has moved and the swap fails.
-            let below = self.below[slot as usize].load(Ordering::Relaxed);
+            let below = self.below.get(slot).load(Ordering::Relaxed);
             let changed = after(top, below);
             match self.top.compare_exchange_weak(top, changed, Ordering::Acquire, Ordering::Acquire)
             {
@@ -80,7 +119,7 @@ impl FreeList {
     pub fn push(&self, slot: u32) {
         let mut top = self.top.load(Ordering::Relaxed);
         loop {
-            self.below[slot as usize].store(top as u32, Ordering::Relaxed);
+            self.below.get(slot).store(top as u32, Ordering::Relaxed);
             let changed = after(top, slot);
             // Release: the link stored above is visible to the pop that takes `slot` off.
             match self.top.compare_exchange_weak(top, changed, Ordering::Release, Ordering::Relaxed)
@@ -93,11 +132,12 @@ impl FreeList {
 
     /// Slots free now, by walking the list: for checks while no other thread uses it.
     pub fn count(&self) -> usize {
+        let made = *self.made.lock().unwrap_or_else(|e| e.into_inner()) as usize;
         let mut slot = self.top.load(Ordering::Acquire) as u32;
         let mut count = 0;
-        while slot != NIL && count <= self.below.len() {
+        while slot != NIL && count <= made {
             count += 1;
-            slot = self.below[slot as usize].load(Ordering::Relaxed);
+            slot = self.below.get(slot).load(Ordering::Relaxed);
         }
         count
     }
@@ -124,22 +164,52 @@ mod tests {
         assert_eq!(FreeList::full(0).pop(), None);
     }
 
+    /// Growth pushes the new slots, lowest on top, above the free ones; it makes none when it
+    /// has them; an empty list grows too.
+    #[test]
+    fn growth_pushes_the_new_slots_over_the_free_ones() {
+        let list = FreeList::full(2);
+        assert_eq!(list.pop(), Some(0));
+        assert_eq!(list.grow(3), 4, "a whole segment of two more");
+        assert_eq!(list.grow(4), 4);
+        assert_eq!(list.count(), 3);
+        let order: Vec<u32> = std::iter::from_fn(|| list.pop()).collect();
+        assert_eq!(order, [2, 3, 1]);
+        let empty = FreeList::full(0);
+        assert_eq!(empty.grow(1), 1);
+        assert_eq!((empty.pop(), empty.pop()), (Some(0), None));
+    }
+
     /// Threads taking and giving back slots as fast as they can: no slot is ever held by two
     /// at once (each marks the slot it holds and checks the mark was clear), and at the end
     /// every slot is free again.
     #[test]
     fn no_slot_is_held_twice_under_contention() {
-        const SLOTS: u32 = 4;
-        let list = Arc::new(FreeList::full(SLOTS));
+        contend(4, 4);
+    }
+
+    /// The same while the main thread grows the list from 4 slots to 64, one segment at a time:
+    /// every slot added is handed out once at a time, and none is lost.
+    #[test]
+    fn no_slot_is_held_twice_while_the_list_grows() {
+        contend(4, 64);
+    }
+
+    /// Four threads take and give back slots of a list of `start` slots, each checking that no
+    /// other holds the slot it took, while this thread grows the list to `end`; then every slot
+    /// is on the list once.
+    fn contend(start: u32, end: u32) {
+        const SLOTS: u32 = 64;
+        let list = Arc::new(FreeList::full(start));
         let held: Arc<Vec<AtomicU32>> = Arc::new((0..SLOTS).map(|_| AtomicU32::new(0)).collect());
-        let start = Arc::new(std::sync::Barrier::new(4));
+        let barrier = Arc::new(std::sync::Barrier::new(5));
         let threads: Vec<_> = (1..=4u32)
             .map(|id| {
-                let (list, held, start) =
-                    (Arc::clone(&list), Arc::clone(&held), Arc::clone(&start));
+                let (list, held, barrier) =
+                    (Arc::clone(&list), Arc::clone(&held), Arc::clone(&barrier));
                 std::thread::spawn(move || {
                     let mut taken = Vec::new();
-                    start.wait();
+                    barrier.wait();
                     for round in 0..200_000u32 {
                         if round % 3 != 2 {
                             if let Some(slot) = list.pop() {
@@ -159,12 +229,18 @@ mod tests {
                 })
             })
             .collect();
+        barrier.wait();
+        let mut made = start;
+        while made < end {
+            made = list.grow(made + 1);
+            std::thread::yield_now();
+        }
         for thread in threads {
             thread.join().expect("no thread panicked");
         }
-        assert_eq!(list.count(), SLOTS as usize);
+        assert_eq!(list.count(), end as usize);
         let mut slots: Vec<u32> = std::iter::from_fn(|| list.pop()).collect();
         slots.sort_unstable();
-        assert_eq!(slots, (0..SLOTS).collect::<Vec<_>>());
+        assert_eq!(slots, (0..end).collect::<Vec<_>>());
     }
 }

@@ -27,6 +27,7 @@
 
 pub mod free_list;
 pub mod prompt_pool;
+pub mod segments;
 mod sync;
 
 use std::sync::{Arc, OnceLock};

@@ -18,6 +18,11 @@
 //! vector keeps its capacity, so after warm-up nothing allocates. A full pool is not an error:
 //! the request goes without hashes, as if nothing of it were cached.
 //!
+//! The pool grows when its scheduler's arena does (a live reload that raises `max_queued`,
+//! `inflight_per_backend` or the backends, [`PromptPool::grow`]): the slots and the free list's
+//! links are [`Segments`] arrays, so the slots in use never move, and the new slots reach the
+//! shards through the free list alone.
+//!
 //! A slot also carries the prompt's conversation [`Ends`] (issue \[10\]'s derived sessions):
 //! a fixed-size array beside the vector, so the scheduler can match a request without an
 //! identity to the conversation it continues.
@@ -27,6 +32,7 @@ use std::sync::{Arc, Mutex};
 pub use crate::protocol::Ends;
 
 use super::free_list::FreeList;
+use super::segments::Segments;
 
 /// One slot's contents.
 #[derive(Debug, Default)]
@@ -41,7 +47,7 @@ pub const NO_PROMPT: u32 = u32::MAX;
 /// Block-hash buffers handed from shards to a model's scheduler.
 #[derive(Debug)]
 pub struct PromptPool {
-    slots: Box<[Mutex<Slot>]>,
+    slots: Segments<Mutex<Slot>>,
     free: FreeList,
 }
 
@@ -50,8 +56,16 @@ impl PromptPool {
     pub fn new(capacity: u32) -> Arc<PromptPool> {
         let capacity = capacity.max(1);
         let free = FreeList::full(capacity);
-        let slots = (0..capacity).map(|_| Mutex::new(Slot::default())).collect();
+        let slots = Segments::new(capacity, |_| Mutex::default());
         Arc::new(PromptPool { slots, free })
+    }
+
+    /// Room for at least `capacity` slots, the new ones free, while other threads use the pool
+    /// (module doc).
+    pub fn grow(&self, capacity: u32) {
+        // The slots first: a slot number reaches the shards only through the free list.
+        self.slots.grow(u64::from(capacity), |_| Mutex::default());
+        self.free.grow(capacity);
     }
 
     /// Takes a free slot, or `None` when every slot is in use.
@@ -66,7 +80,7 @@ impl PromptPool {
 
     /// Runs `f` on slot `slot`'s vector and conversation ends (the caller owns the slot).
     pub fn with_ends<R>(&self, slot: u32, f: impl FnOnce(&mut Vec<u64>, &mut Ends) -> R) -> R {
-        let mut held = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.slots.get(slot).lock().unwrap_or_else(|e| e.into_inner());
         let Slot { hashes, ends } = &mut *held;
         f(hashes, ends)
     }
@@ -93,7 +107,7 @@ impl PromptPool {
 
     /// Slots in all.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.slots.held() as usize
     }
 }
 
@@ -115,5 +129,24 @@ mod tests {
         assert_eq!(again, a);
         pool.with(again, |v| assert!(v.is_empty() && v.capacity() >= 3));
         assert_eq!(pool.available(), 0);
+    }
+
+    /// A grown pool hands out its new slots, each with its own vector, and keeps the old
+    /// slots' contents.
+    #[test]
+    fn a_grown_pool_hands_out_new_slots_and_keeps_the_old() {
+        let pool = PromptPool::new(1);
+        let old = pool.acquire().expect("free");
+        pool.with(old, |v| v.push(7));
+        assert_eq!(pool.acquire(), None);
+        pool.grow(3);
+        assert_eq!((pool.capacity(), pool.available()), (4, 3));
+        let new: Vec<u32> = std::iter::from_fn(|| pool.acquire()).collect();
+        assert_eq!(new, [1, 2, 3]);
+        for &slot in &new {
+            pool.with(slot, |v| v.push(slot.into()));
+        }
+        assert_eq!(pool.with(old, |v| v.clone()), [7]);
+        assert_eq!(pool.with(3, |v| v.clone()), [3]);
     }
 }

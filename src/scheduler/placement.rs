@@ -111,10 +111,12 @@ impl Prefix {
         }
     }
 
-    /// Room for `arena` queue slots and `backends` backends (a live reconfiguration). Never
+    /// Room for `arena` queue slots and `backends` backends (a live reconfiguration), and a
+    /// prompt-pool slot for each queue slot (the pool grows while the shards use it). Never
     /// shrinks: lower limits make a smaller arena than the queue's, whose upper slots may hold
     /// requests (the queue's arena never shrinks either).
     pub fn grow(&mut self, params: &Params, arena: u32) {
+        self.pool.grow(arena);
         let arena = (arena as usize).max(self.prompt_of.len());
         self.prompt_of.resize(arena, NO_PROMPT);
         let backends = usize::from(params.backends);

@@ -611,3 +611,26 @@ fn a_lowered_max_queued_keeps_the_prompts_of_requests_in_upper_slots() {
     assert_eq!(h.s.queued(), 0);
     assert_eq!(pool.available(), pool.capacity(), "every prompt slot came back");
 }
+
+/// A reload that raises `max_queued` grows the prompt pool with the arena: every request the
+/// new limit queues gets a prompt slot (before, the pool kept its starting size and those
+/// past it went without their blocks), and they all come back when the requests end.
+#[test]
+fn a_raised_max_queued_grows_the_prompt_pool() {
+    let mut h = H::new(Params { max_queued: 2, ..params(1, 1) });
+    let pool = h.s.prompt_pool().expect("prefix-cost has a pool");
+    let before = pool.capacity();
+    let mut out = Vec::new();
+    h.s.reconfigure(h.now, Params { max_queued: 40, ..params(1, 1) }, &[true], &mut out);
+    assert!(pool.capacity() >= 41, "{before} slots grew to {}", pool.capacity());
+    // `arrive` takes a slot for each request and fails if none is free.
+    for id in 1..=41 {
+        h.arrive(id, None, &chain(id * 100, 2), BLOCK_TOKENS * 2, false);
+    }
+    assert_eq!(h.s.queued(), 40);
+    for id in 2..=41 {
+        h.send(Input::Cancel(RequestId(id)));
+    }
+    assert_eq!(h.complete(1), vec![]);
+    assert_eq!(pool.available(), pool.capacity(), "every prompt slot came back");
+}

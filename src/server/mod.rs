@@ -40,6 +40,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -81,6 +82,9 @@ pub struct Shared {
     /// The active generation's number, read by every shard once per loop iteration (written
     /// only by a reload, so the line stays shared-clean).
     pub generation_number: AtomicU64,
+    /// The generation each shard runs on, by shard index (written by the shard when it adopts
+    /// one; a reload waits for every shard to reach the generation it published).
+    pub adopted: Vec<AtomicU64>,
     /// The configuration file, when there is one to reload.
     pub source: Option<ConfigSource>,
     /// Schedulers of models added by a reload, waiting for their home shard to adopt them.
@@ -125,6 +129,7 @@ impl Shared {
             .collect();
         Shared {
             generation_number: AtomicU64::new(generation.number),
+            adopted: (0..shard_count).map(|_| AtomicU64::new(generation.number)).collect(),
             current: Mutex::new(generation),
             source,
             new_hosts: (0..shard_count).map(|_| Mutex::new(Vec::new())).collect(),
@@ -154,6 +159,27 @@ impl Shared {
         for ring in &self.rings {
             ring.wake();
         }
+    }
+
+    /// Waits until every shard runs on generation `number` or a newer one, for about
+    /// `timeout` (in sleeps of 100 µs: a simulated clock may stand still); returns the shards
+    /// that had not by then.
+    pub(crate) fn await_adoption(&self, number: u64, timeout: Duration) -> Vec<usize> {
+        const NAP: Duration = Duration::from_micros(100);
+        let naps = timeout.as_micros() / NAP.as_micros();
+        let behind = || -> Vec<usize> {
+            (self.adopted.iter().enumerate())
+                .filter(|(_, adopted)| adopted.load(Ordering::Acquire) < number)
+                .map(|(shard, _)| shard)
+                .collect()
+        };
+        for _ in 0..naps {
+            if behind().is_empty() {
+                break;
+            }
+            std::thread::sleep(NAP);
+        }
+        behind()
     }
 
     /// Every shard's counters as of now.

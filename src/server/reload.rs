@@ -13,20 +13,48 @@
 //! backend that does not resolve, is refused: the active generation stays, and the error is
 //! returned and logged.
 //!
+//! A reload returns once every shard has adopted the new generation (each says so in
+//! `Shared::adopted`), so that what follows a `200` from `POST /admin/reload` (a request, a
+//! look at `/debug/queue`) meets the new configuration everywhere. Adoption takes one loop
+//! iteration of each shard, woken by the publication; a shard that has not adopted within
+//! [`ADOPTION_WAIT`] (one that stopped, or is stuck) is named in the log, and the reload
+//! returns anyway: the generation is published, and that shard adopts it when it next runs.
+//!
 //! Keys that cannot change in a running process keep their running value, with a warning:
 //! the listeners, `shards`, `pin_cores`, `access_log`, and each model's `max_sessions` (the
 //! session tracker's capacity is fixed at start). `/debug/config` shows what is in effect.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::control::thread::{ControlSettings, Plan};
 
 use super::{Generation, Shared};
 
-/// Reloads the configuration file into a new generation; returns its number, or why the file
-/// was refused (the active generation stays). Logs either way on standard error.
+/// How long a reload waits for every shard to adopt the generation it published.
+pub const ADOPTION_WAIT: Duration = Duration::from_secs(1);
+
+/// Reloads the configuration file into a new generation and waits for every shard to adopt it
+/// (module doc); returns its number, or why the file was refused (the active generation
+/// stays). Logs either way on standard error.
 pub fn reload(shared: &Shared) -> Result<u64, String> {
+    let result = publish(shared);
+    if let Ok(number) = result {
+        let behind = shared.await_adoption(number, ADOPTION_WAIT);
+        if !behind.is_empty() {
+            eprintln!(
+                "warmpath: reload: generation {number} published; shards {behind:?} had not \
+                 adopted it after {ADOPTION_WAIT:?}"
+            );
+        }
+    }
+    result
+}
+
+/// Reloads the configuration file into a new generation and publishes it, without waiting for
+/// the shards; returns its number, or why the file was refused. Logs either way.
+pub(super) fn publish(shared: &Shared) -> Result<u64, String> {
     let result = try_reload(shared);
     match &result {
         Ok(number) => eprintln!("warmpath: reload: generation {number} active"),

@@ -528,6 +528,8 @@ impl Shard {
         self.gen = gen;
         let (_, upstreams, mut cx) = self.split();
         upstreams.adopt(&mut cx);
+        let adopted = &self.shared.adopted[usize::from(self.index)];
+        adopted.store(self.gen.number, Ordering::Release);
     }
 
     // ----- shutdown (S13) -----
@@ -624,7 +626,7 @@ mod tests {
     fn reload(shared: &Shared, models: &[(&str, &[&str])]) {
         let path = &shared.source.as_ref().unwrap().path;
         std::fs::write(path, fleet(models).to_toml()).unwrap();
-        super::super::reload::reload(shared).unwrap();
+        super::super::reload::publish(shared).unwrap();
     }
 
     /// The backends model `model`'s hosted scheduler has, after a pass.
@@ -688,6 +690,22 @@ mod tests {
         shard.refresh();
         assert_eq!(shard.gen.number, 2);
         assert_eq!(scheduler_backends(&mut shard, 1), 1, "model n is hosted");
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// A reload waits for the shards: until this shard adopts the published generation, a
+    /// wait for it names the shard; once it has, the wait returns at once with none behind.
+    #[test]
+    fn a_shard_says_which_generation_it_adopted() {
+        let path = temp_config("adopted");
+        let (setup, shared) = unstarted(&path, &[("m", &["127.0.0.1:1"])]);
+        let mut shard = Shard::new(setup).unwrap();
+        reload(&shared, &[("m", &["127.0.0.1:1", "127.0.0.1:2"])]);
+        let wait = std::time::Duration::from_millis(1);
+        assert_eq!(shared.await_adoption(2, wait), vec![0], "shard 0 is on generation 1");
+        shard.refresh();
+        assert_eq!(shared.adopted[0].load(Ordering::Acquire), 2);
+        assert_eq!(shared.await_adoption(2, wait), Vec::<usize>::new());
         let _ = std::fs::remove_file(path);
     }
 

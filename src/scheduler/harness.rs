@@ -72,10 +72,7 @@ fn params(bytes: &mut Bytes) -> Params {
         queue_timeout: [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)][bytes.below(3) as usize],
         max_queued: 1 + bytes.below(12),
         inflight_per_backend: 1 + bytes.below(3),
-        prefill_tokens_per_backend: match bytes.below(4) {
-            0 => Budget::Auto,
-            n => Budget::Tokens([0, 1000, 50][n as usize - 1]),
-        },
+        prefill_tokens_per_backend: budget(bytes),
         max_sessions: 1 + bytes.below(6),
         max_overtakes: bytes.below(4),
         boosted_streak_max: bytes.below(3),
@@ -207,9 +204,17 @@ enum Step {
     Reconfigure(Params, Vec<bool>),
 }
 
-/// What a reload may change, restricted to what the reference restates (not the prefill
-/// budget; routing to or from `PrefixCost` needs a restart): a backend added (up to four), any
-/// backend removed or back (one at least stays), and one of the other limits or a new tenant.
+/// A prefill budget: `auto`, none, or a large or a small fixed one.
+fn budget(bytes: &mut Bytes) -> Budget {
+    match bytes.below(4) {
+        0 => Budget::Auto,
+        n => Budget::Tokens([0, 1000, 50][n as usize - 1]),
+    }
+}
+
+/// What a reload may change, restricted to what the reference restates (routing to or from
+/// `PrefixCost` needs a restart): a backend added (up to four), any backend removed or back
+/// (one at least stays), and one of the other limits, the prefill budget or a new tenant.
 fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
     let mut params = current.clone();
     if params.backends < 4 && bytes.below(2) == 0 {
@@ -219,7 +224,7 @@ fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
     if !live.contains(&true) {
         live[bytes.below(u32::from(params.backends)) as usize] = true;
     }
-    match bytes.below(10) {
+    match bytes.below(11) {
         0 => params.max_queued = 1 + bytes.below(12),
         1 => params.inflight_per_backend = 1 + bytes.below(3),
         2 => {
@@ -243,6 +248,7 @@ fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
             params.max_retries = bytes.below(3);
             params.eject_after_failures = bytes.below(3);
         }
+        9 => params.prefill_tokens_per_backend = budget(bytes),
         _ => {}
     }
     Step::Reconfigure(params, live)

@@ -97,6 +97,7 @@ struct Learned {
     window: (u64, u64, u32),
     /// Every closed window, oldest first.
     windows: Vec<(u64, u64)>,
+    /// The learned prefill budget (in effect under `auto`: [`Reference::budget`]).
     budget: u64,
     /// The backlog reached the budget since the last snapshot.
     filled: bool,
@@ -149,16 +150,13 @@ impl Tenant {
 }
 
 impl Learned {
-    /// Nothing learned yet, under `params`' budget.
-    fn new(params: &Params) -> Learned {
+    /// Nothing learned yet.
+    fn new() -> Learned {
         Learned {
             last_first_byte: 0,
             window: (0, 0, 0),
             windows: Vec::new(),
-            budget: match params.prefill_tokens_per_backend {
-                Budget::Auto => estimate::BUDGET_UNLEARNED,
-                Budget::Tokens(tokens) => tokens,
-            },
+            budget: estimate::BUDGET_UNLEARNED,
             filled: false,
             capacity: 0,
             counters: None,
@@ -233,7 +231,7 @@ impl Reference {
                 params.prefix.index_blocks.initial() as usize;
                 usize::from(params.backends)
             ],
-            learned: vec![Learned::new(&params); usize::from(params.backends)],
+            learned: vec![Learned::new(); usize::from(params.backends)],
             p: params,
         }
     }
@@ -251,16 +249,12 @@ impl Reference {
         out: &mut Vec<Output>,
     ) {
         assert!(params.backends >= self.p.backends, "backends are never renumbered");
-        assert_eq!(
-            params.prefill_tokens_per_backend, self.p.prefill_tokens_per_backend,
-            "not restated: a new prefill budget"
-        );
         params.max_sessions = self.p.max_sessions;
         self.fire(now, out);
         self.holds.clear();
         let count = usize::from(params.backends);
         self.backends.resize(count, Backend::NEW);
-        self.learned.resize(count, Learned::new(&params));
+        self.learned.resize(count, Learned::new());
         let index_blocks = params.prefix.index_blocks.initial() as usize;
         self.index_capacity.resize(count, index_blocks);
         while self.indexes.len() < count {
@@ -336,7 +330,7 @@ impl Reference {
         let rate = self.rate(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
-        (rate.0, rate.1, self.learned[b].budget, self.learned[b].capacity, index)
+        (rate.0, rate.1, self.budget(backend), self.learned[b].capacity, index)
     }
 
     /// The tick at which the earliest timer fires.
@@ -754,8 +748,18 @@ impl Reference {
         }
     }
 
+    /// The prefill budget in effect on `backend`: the configured one, or under `auto` the
+    /// learned one (which moves only under `auto`, and is where it stopped when a reload
+    /// switches back to it).
+    fn budget(&self, backend: u16) -> u64 {
+        match self.p.prefill_tokens_per_backend {
+            Budget::Auto => self.learned[usize::from(backend)].budget,
+            Budget::Tokens(tokens) => tokens,
+        }
+    }
+
     fn eligible(&self, backend: u16, now: Tick) -> bool {
-        let budget = self.learned[usize::from(backend)].budget;
+        let budget = self.budget(backend);
         self.usable(backend)
             && self.backend_inflight(backend) + self.holds_on(backend) < self.p.inflight_per_backend
             && self.fresh_waiting(backend, now).unwrap_or(0) == 0
@@ -954,8 +958,7 @@ impl Reference {
             admitted_at: now,
         });
         if prefill_pending {
-            let (budget, prefill) =
-                (self.learned[usize::from(backend)].budget, self.prefill(backend));
+            let (budget, prefill) = (self.budget(backend), self.prefill(backend));
             self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;
         }
         // Derived sessions need conversation ends, which the harness's prompts never carry.

@@ -240,7 +240,8 @@ impl Reference {
     /// grace hold ends, new backends start as at start and `live` marks the removed ones,
     /// tenants keep their state under their new weights, a changed queue timeout moves every
     /// queued deadline by the difference (arms them all from `now`, or disarms them), the new
-    /// limits apply (`max_sessions` stays), and what they allow is admitted.
+    /// limits apply (`max_sessions` stays; a new prefill budget through [`Reference::budget`]),
+    /// and what they allow is admitted.
     pub fn reconfigure(
         &mut self,
         now: Tick,

@@ -47,19 +47,34 @@ struct Rig {
     /// Responses the router had counted after the previous input.
     counted: Mutex<u64>,
     limits: Limits,
+    /// The configuration file and which of its two versions it holds (see [`Rig::reload`]).
+    file: Mutex<(std::path::PathBuf, bool)>,
+    backends: [SocketAddr; 2],
+}
+
+/// The harness router's configuration: its backends `backends`, at most `inflight`
+/// requests on each.
+fn harness_toml(backends: &[SocketAddr], inflight: u32) -> String {
+    let backends: Vec<String> = backends.iter().map(|b| format!("\"{b}\"")).collect();
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshards = 1\n\
+         pin_cores = false\nmax_header_bytes = 1024\nmax_body_bytes = 2048\n\
+         header_timeout = \"10s\"\nbody_timeout = \"10s\"\n\
+         [upstream]\nmetrics_interval = \"1s\"\n\
+         [[model]]\nname = \"m\"\nengine = \"openai\"\nbackends = [{}]\n\
+         [model.queue]\ninflight_per_backend = {inflight}\n",
+        backends.join(", ")
+    )
 }
 
 fn rig() -> &'static Rig {
     static RIG: OnceLock<Rig> = OnceLock::new();
     RIG.get_or_init(|| {
-        let backend = spawn_backend();
-        let toml = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshards = 1\n\
-             pin_cores = false\nmax_header_bytes = 1024\nmax_body_bytes = 2048\n\
-             header_timeout = \"10s\"\nbody_timeout = \"10s\"\n\
-             [upstream]\nmetrics_interval = \"1s\"\n\
-             [[model]]\nname = \"m\"\nengine = \"openai\"\nbackends = [\"{backend}\"]\n"
-        );
+        let backends = [spawn_backend(), spawn_backend()];
+        let toml = harness_toml(&backends[..1], 64);
+        let path = std::env::temp_dir()
+            .join(format!("warmpath-connection-harness-{}.toml", std::process::id()));
+        std::fs::write(&path, &toml).expect("write the harness configuration");
         let config = Config::from_toml_str(&toml).expect("the harness configuration");
         let limits = Limits {
             max_header_bytes: 1024,
@@ -67,10 +82,35 @@ fn rig() -> &'static Rig {
             session_header: config.queue.session_header.to_ascii_lowercase(),
             ..Limits::default()
         };
-        let running =
-            super::start(config, crate::clock::Clock::real()).expect("the harness router starts");
-        Rig { addr: running.addr(), running, counted: Mutex::new(0), limits }
+        let source = super::ConfigSource {
+            path: path.clone(),
+            overrides: crate::config::Overrides::default(),
+            env: |_| None,
+        };
+        let running = super::start_with_source(config, Some(source), crate::clock::Clock::real())
+            .expect("the harness router starts");
+        let (counted, file) = (Mutex::new(0), Mutex::new((path, false)));
+        Rig { addr: running.addr(), running, counted, limits, file, backends }
     })
+}
+
+impl Rig {
+    /// A live reload between the two versions of the configuration, which answer every
+    /// request alike: one backend and 64 requests on it, or both backends (the second answers
+    /// as the first) and one request on each. A request in flight on the second backend when
+    /// a reload removes it finishes there.
+    fn reload(&self) {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.1 = !file.1;
+        let toml = match file.1 {
+            true => harness_toml(&self.backends, 1),
+            false => harness_toml(&self.backends[..1], 64),
+        };
+        std::fs::write(&file.0, toml).expect("write the harness configuration");
+        if let Err(e) = self.running.reload() {
+            panic!("the harness configuration was refused: {e}");
+        }
+    }
 }
 
 /// A backend answering every request `200 {}` with keep-alive (health checks included).
@@ -196,11 +236,18 @@ impl Client {
         Client { stream, buf: Vec::new(), answers: 0, expected }
     }
 
-    /// Writes `bytes` in the pieces `seed` chooses, each its own `write`.
-    fn write_in_pieces(&mut self, bytes: &[u8], seed: u8) {
+    /// Writes `bytes` in the pieces `seed` chooses, each its own `write`, and calls `between`
+    /// after the first.
+    fn write_in_pieces(&mut self, bytes: &[u8], seed: u8, between: impl FnOnce()) {
         let mut next = pieces(seed);
         let mut written = 0;
+        let mut between = Some(between);
         while written < bytes.len() {
+            if written > 0 {
+                if let Some(f) = between.take() {
+                    f();
+                }
+            }
             let n = next().min(bytes.len() - written);
             // After an error the router half-closes and reads on (lingering), so every write
             // succeeds; a failed one means it closed, or reset, while the client was sending.
@@ -367,10 +414,12 @@ impl Client {
     }
 }
 
-/// Writes `data` (after one split-seed byte) to the router in pieces and checks what comes
-/// back against [`connection_model`]; see the module doc.
+/// Writes `data` (after one byte: the split seed in its low 6 bits, and a reload of the
+/// router's configuration after the first piece when its top two are set) to the router in
+/// pieces and checks what comes back against [`connection_model`]; see the module doc.
 pub fn check_connection(data: &[u8]) {
     let Some((&seed, stream_bytes)) = data.split_first() else { return };
+    let (seed, reload) = (seed & 0x3f, seed & 0xc0 == 0xc0);
     let rig = rig();
     let (mut requests, mut end) = connection_model(stream_bytes, &rig.limits);
     // A chunked backend body reaches an HTTP/1.0 client delimited by the close: the
@@ -382,7 +431,11 @@ pub fn check_connection(data: &[u8]) {
         end = ModelEnd::Close;
     }
     let mut client = Client::connect(rig.addr, expected(&requests, &end));
-    client.write_in_pieces(stream_bytes, seed);
+    client.write_in_pieces(stream_bytes, seed, || {
+        if reload {
+            rig.reload();
+        }
+    });
     let mut read = client.read_answers(&requests, rig, &end);
     read += client.read_end(end);
     let _ = client.stream.shutdown(Shutdown::Both);
@@ -466,11 +519,13 @@ mod tests {
               POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n[]",
         ];
         for stream in streams {
-            for seed in [0u8, 1, 3, 200] {
+            // 0xc3: split by seed 3, the configuration reloaded after the first piece.
+            for seed in [0u8, 1, 3, 200, 0xc3] {
                 let mut data = vec![seed];
                 data.extend_from_slice(stream);
                 check_connection(&data);
             }
         }
+        assert!(rig().running.generation() > 1, "the 0xc3 inputs reloaded the router");
     }
 }

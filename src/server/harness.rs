@@ -7,7 +7,11 @@
 //! request `200 {}` in two writes: with a `Content-Length` when the request body's length is
 //! even (the head, then the body), chunked (an extension, a trailer) when it is odd, so the
 //! shard's hold of a fixed-length head for its body, its pass-through of chunked bodies and its
-//! reuse of the backend connection after one are driven too. For each input,
+//! reuse of the backend connection after one are driven too. A quarter of the inputs (by their
+//! first byte) reload the router's configuration after their first piece, between two versions
+//! that answer every request alike (one backend; or two, the second a twin of the first, with
+//! one request on each), so the checks below also hold across live reloads: added and removed
+//! backends, a changed admission cap, the shard adopting a generation mid-request. For each input,
 //! [`check_connection`] opens a connection, writes the bytes
 //! in pieces (each piece its own `write`, `TCP_NODELAY`, so the shard sees many splits), reads
 //! what comes back as a client would, and checks:

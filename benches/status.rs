@@ -82,8 +82,9 @@ fn bench(c: &mut Criterion) {
     let poll = mio::Poll::new().expect("a poll");
     let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("a waker"));
     let rings = vec![Arc::new(Ring::new(1024, waker))];
+    let resolver = warmpath::control::prober::system_resolver;
     let (generation, _hosts) =
-        Generation::build(1, config(), None, &clock, &rings).expect("a generation");
+        Generation::build(1, config(), None, &clock, &rings, resolver).expect("a generation");
     let s = scheduler(&generation, &clock);
     let reports = vec![Report::of(&s)];
     let page = render_generation(&generation, &reports, clock.now(), clock.rate());

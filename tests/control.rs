@@ -2,7 +2,8 @@
 //! chunked, oversized, garbage, what the engine says about its caches, a real simulated
 //! engine's), a backend that never answers and one that refuses connections, the thread
 //! delivering snapshots into a model's inbox, dead backends that do not delay a healthy one's
-//! snapshots, and a new plan taken while checks are in flight.
+//! snapshots, a new plan taken while checks are in flight, and a backend's host name that
+//! moves.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,7 +15,9 @@ use socket2::{Domain, Socket, Type};
 use warmpath::clock::Clock;
 use warmpath::control::probe::{self, ProbeError, ProbeLimits};
 use warmpath::control::scrape::{EngineKind, ScrapeLimits};
-use warmpath::control::thread::{check, ControlSettings, ControlThread, Plan, SharedPlan, Target};
+use warmpath::control::thread::{
+    check, ControlSettings, ControlThread, Names, Plan, SharedPlan, Target,
+};
 use warmpath::ring::{InboxWaker, Ring};
 use warmpath::scheduler::{EngineCache, Input};
 use warmpath::server::host::Inbox;
@@ -72,7 +75,7 @@ fn settings() -> ControlSettings {
 
 fn target(addr: String) -> Target {
     let inbox: Arc<Inbox> = Arc::new(Ring::new(16, InboxWaker::default()));
-    Target { inbox, backend: 3, addr, engine: Some(EngineKind::Vllm) }
+    Target { inbox, backend: 3, addr, resolved: None, engine: Some(EngineKind::Vllm) }
 }
 
 fn snapshot(respond: fn(&str) -> Vec<u8>, connections: usize) -> warmpath::scheduler::Snapshot {
@@ -260,6 +263,7 @@ fn dead_backends_do_not_delay_a_healthy_ones_snapshots() {
         inbox: Arc::clone(&inbox),
         backend,
         addr,
+        resolved: None,
         engine: Some(EngineKind::Vllm),
     });
     let mut settings = settings();
@@ -332,6 +336,7 @@ fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
         inbox: Arc::clone(&inbox),
         backend,
         addr: addr.clone(),
+        resolved: None,
         engine: Some(EngineKind::Vllm),
     };
     let mut settings = settings();
@@ -340,7 +345,9 @@ fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
     let plan: SharedPlan = Arc::new(Mutex::new(Arc::new(first.clone())));
     let clock = Clock::real();
     let start = clock.now();
-    let thread = ControlThread::spawn_with_plan(Arc::clone(&plan), clock.clone()).expect("spawn");
+    let names = Names::system();
+    let thread = ControlThread::spawn_with_plan(Arc::clone(&plan), clock.clone(), names);
+    let thread = thread.expect("spawn");
     let mut reports = [0; 3];
     let mut swapped = false;
     // Past the removed target's connect deadline, with reports from the other two after it.
@@ -369,4 +376,53 @@ fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
     }
     assert_eq!(thread.stop(), 0, "no snapshot dropped");
     assert_eq!(reports[0], 0, "the removed blackhole reported");
+}
+
+/// Where the test resolver sends `engine.test:80`.
+static ENGINE_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// `engine.test:80` resolves to 127.0.0.1 at [`ENGINE_PORT`]; nothing else resolves.
+fn test_resolver(authority: &str) -> Vec<SocketAddr> {
+    let port = ENGINE_PORT.load(std::sync::atomic::Ordering::Relaxed);
+    match authority {
+        "engine.test:80" => vec![SocketAddr::from(([127, 0, 0, 1], port))],
+        _ => Vec::new(),
+    }
+}
+
+/// A target that carries the dataplane's address is probed there, and its host name is
+/// watched: while it resolves to that address nothing has moved; once it resolves elsewhere
+/// (the engine's pod came back with a new IP), the prober says so after the next check that
+/// resolves it (the first, or one after a failed connect). An IP address is never resolved.
+#[test]
+fn a_host_name_that_resolves_elsewhere_is_reported_moved() {
+    use warmpath::control::prober::Prober;
+    let healthy = backend(8, |_| ok("")).parse::<SocketAddr>().unwrap();
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(16, InboxWaker::default()));
+    let clock = Clock::real();
+    let run = |addr: &str, resolved: SocketAddr| {
+        let target = Target {
+            inbox: Arc::clone(&inbox),
+            backend: 0,
+            addr: addr.to_owned(),
+            resolved: Some(resolved),
+            engine: None,
+        };
+        let plan = Arc::new(Plan { targets: vec![target], settings: settings() });
+        let mut prober = Prober::new(plan, clock.rate(), clock.now()).expect("a prober");
+        prober.set_resolver(test_resolver);
+        let mut healthy = None;
+        while healthy.is_none() {
+            prober.turn(&clock, &mut |_, snapshot| healthy = Some(snapshot.healthy));
+        }
+        (healthy.expect("a check"), prober.take_moved())
+    };
+    ENGINE_PORT.store(healthy.port(), std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(run("engine.test:80", healthy), (true, false), "resolves where it is probed");
+    ENGINE_PORT.store(1, std::sync::atomic::Ordering::Relaxed);
+    let moved = run("engine.test:80", healthy);
+    assert_eq!(moved, (true, true), "probed where the dataplane sends; the name moved");
+    let refused = SocketAddr::from(([127, 0, 0, 1], 1));
+    assert_eq!(run("127.0.0.1:1", refused), (false, false), "an address is not resolved");
+    assert_eq!(run("nowhere.test:80", refused), (false, false), "resolves to nothing: kept");
 }

@@ -23,9 +23,19 @@
 //! Buffers are per slot and reused: the request, the head being read, the body (which keeps
 //! the capacity of the largest answer of its backend, at most `body_bytes_max`) and the
 //! response reader; the read scratch is shared. After the first check of each backend, a check
-//! that connects allocates nothing. A name that is not an IP address is resolved (blocking,
-//! `getaddrinfo`, with an allocation) when a slot has no address yet or its last connect
-//! failed; an IP address is only parsed.
+//! that connects allocates nothing.
+//!
+//! Addresses: a target that carries the dataplane's address ([`Target::resolved`]) is probed
+//! there, so that its checks judge the address its requests go to. When its backend is named
+//! by a host name, the prober also watches the name: it resolves it (blocking, `getaddrinfo`
+//! through the [`Resolver`], with an allocation) at the first check, after a connect failed,
+//! and every [`RESOLVE_EVERY`]; when the name no longer resolves to the dataplane's address
+//! (an engine's pod restarted with a new IP behind the same DNS name), [`Prober::take_moved`]
+//! says so, and the router re-resolves its backends into a new generation (kubernetes
+//! StatefulSet pods keep their names and change their addresses; nginx without `resolver`
+//! resolves once and keeps the old address, the classic failure this avoids). A target without
+//! the dataplane's address (a one-off check) is resolved by the prober when its slot has no
+//! address yet or its last connect failed. An IP address is only parsed.
 //!
 //! A new plan (a live reload) keeps the slots of the targets it keeps (same inbox, backend
 //! index, address and engine), with their exchanges in flight; the slots of removed targets
@@ -46,6 +56,26 @@ use crate::scheduler::{EngineCache, Snapshot};
 use super::probe::{write_request, ProbeError, ProbeLimits, Response};
 use super::scrape::{parse_gauges, EngineGauges};
 use super::thread::{Plan, Target};
+
+/// How a backend's `host:port` resolves: every address it names, in the resolver's order
+/// (empty when it does not resolve).
+pub type Resolver = fn(&str) -> Vec<SocketAddr>;
+
+/// The system's resolver (`getaddrinfo`); an IP address is only parsed.
+pub fn system_resolver(authority: &str) -> Vec<SocketAddr> {
+    match authority.parse() {
+        Ok(addr) => vec![addr],
+        Err(_) => authority.to_socket_addrs().map(Iterator::collect).unwrap_or_default(),
+    }
+}
+
+/// Whether `authority` names its host by name (so that what it resolves to can change).
+pub fn is_host_name(authority: &str) -> bool {
+    authority.parse::<SocketAddr>().is_err()
+}
+
+/// How often a backend's host name is resolved again while its connects succeed.
+pub const RESOLVE_EVERY: Duration = Duration::from_secs(30);
 
 /// The token of the waker that [`super::thread::ControlThread::stop`] uses.
 const WAKER: Token = Token(usize::MAX);
@@ -81,8 +111,13 @@ struct Slot {
     started: Tick,
     /// The connection of the exchange in flight.
     stream: Option<TcpStream>,
-    /// The resolved address; forgotten when a connect fails.
+    /// The resolved address of a target without the dataplane's; forgotten when a connect
+    /// fails.
     addr: Option<SocketAddr>,
+    /// When the target's host name was last resolved, to see whether it moved.
+    named_at: Option<Tick>,
+    /// The last connect failed (the name is resolved again at the next check).
+    connect_failed: bool,
     /// The health exchange of the current check answered 2xx.
     healthy: bool,
     /// The request of the exchange in flight, and how much of it is sent.
@@ -103,6 +138,8 @@ impl Slot {
             started: now,
             stream: None,
             addr: None,
+            named_at: None,
+            connect_failed: false,
             healthy: false,
             request: Vec::new(),
             written: 0,
@@ -160,14 +197,6 @@ fn connected(stream: &TcpStream) -> io::Result<bool> {
     }
 }
 
-/// The first address `authority` (`host:port`) resolves to; an IP address is only parsed.
-fn resolve(authority: &str) -> Option<SocketAddr> {
-    match authority.parse() {
-        Ok(addr) => Some(addr),
-        Err(_) => authority.to_socket_addrs().ok()?.next(),
-    }
-}
-
 /// A finished check as the scheduler takes it.
 fn snapshot(healthy: bool, gauges: Option<EngineGauges>, now: Tick) -> Snapshot {
     Snapshot {
@@ -200,6 +229,9 @@ struct Slots {
     scratch: Box<[u8]>,
     /// No slot is due before this tick.
     next_due: Tick,
+    resolver: Resolver,
+    /// Some target's host name stopped resolving to the dataplane's address.
+    moved: bool,
 }
 
 impl Prober {
@@ -215,8 +247,21 @@ impl Prober {
                 rate,
                 scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
                 next_due: now,
+                resolver: system_resolver,
+                moved: false,
             },
         })
+    }
+
+    /// Resolves host names with `resolver` from now on.
+    pub fn set_resolver(&mut self, resolver: Resolver) {
+        self.slots.resolver = resolver;
+    }
+
+    /// Whether some target's host name stopped resolving to the address its checks probe since
+    /// the last call (module doc).
+    pub fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.slots.moved)
     }
 
     /// A waker that interrupts [`Prober::turn`]'s wait.
@@ -337,10 +382,33 @@ impl Slots {
     }
 
     fn start_check(&mut self, registry: &Registry, index: usize, now: Tick, done: &mut Done<'_>) {
+        self.watch_name(index, now);
         let slot = &mut self.slots[index];
         slot.started = now;
         slot.healthy = false;
         self.start_exchange(registry, index, Step::Health, now, done);
+    }
+
+    /// Resolves target `index`'s host name when that is due (module doc) and notes whether it
+    /// still names the dataplane's address.
+    fn watch_name(&mut self, index: usize, now: Tick) {
+        let target = &self.plan.targets[index];
+        let Some(addr) = target.resolved else { return };
+        if !is_host_name(&target.addr) {
+            return;
+        }
+        let every = self.rate.ticks(RESOLVE_EVERY);
+        let slot = &mut self.slots[index];
+        let due = slot.connect_failed || slot.named_at.is_none_or(|at| now >= at + every);
+        if !due {
+            return;
+        }
+        slot.named_at = Some(now);
+        slot.connect_failed = false;
+        let found = (self.resolver)(&target.addr);
+        if !found.is_empty() && !found.contains(&addr) {
+            self.moved = true;
+        }
     }
 
     /// Opens the connection of `step`'s exchange; a failure to start ends it at once.
@@ -364,7 +432,9 @@ impl Slots {
         slot.head.clear();
         slot.body.clear();
         slot.response = Response::new();
-        let Some(addr) = slot.addr.or_else(|| resolve(&target.addr)) else {
+        let resolver = self.resolver;
+        let first = || resolver(&target.addr).first().copied();
+        let Some(addr) = target.resolved.or(slot.addr).or_else(first) else {
             let failed = ProbeError::Resolve(target.addr.clone());
             return self.end_exchange(registry, index, step, Err(failed), now, done);
         };
@@ -408,6 +478,7 @@ impl Slots {
         }
         if matches!(result, Err(ProbeError::Connect(_) | ProbeError::Resolve(_))) {
             slot.addr = None;
+            slot.connect_failed = true;
         }
         let ok = matches!(result, Ok(status) if (200..300).contains(&status));
         let engine = self.plan.targets[index].engine;

@@ -13,6 +13,7 @@
 //! in the prober's `poll`; [`ControlThread::stop`] wakes it through a mio `Waker`. The plan is
 //! re-read at every wake-up (at least once an interval).
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -24,7 +25,7 @@ use crate::ring::{InboxWaker, Ring};
 use crate::scheduler::{Input, Snapshot};
 
 use super::probe::ProbeLimits;
-use super::prober::Prober;
+use super::prober::{Prober, Resolver};
 use super::scrape::{EngineKind, ScrapeLimits};
 
 /// One backend to watch.
@@ -36,6 +37,10 @@ pub struct Target {
     pub backend: u16,
     /// `host:port`.
     pub addr: String,
+    /// The address the dataplane sends the backend's requests to, which the checks then
+    /// probe (the prober watches whether a host name still resolves to it, [`Prober`]'s
+    /// module doc); `None`: the prober resolves `addr` itself.
+    pub resolved: Option<SocketAddr>,
     /// Whose metrics to read; `None` for engines without metrics (`engine = "openai"`).
     pub engine: Option<EngineKind>,
 }
@@ -79,6 +84,27 @@ pub struct Plan {
 /// A [`Plan`] that a reload can replace while the thread runs.
 pub type SharedPlan = Arc<Mutex<Arc<Plan>>>;
 
+/// How the thread resolves backends' host names, and whom it tells when one has moved (the
+/// router then re-resolves its backends into a new generation, whose plan gives the checks
+/// the new address).
+pub struct Names {
+    pub resolver: Resolver,
+    pub moved: Box<dyn FnMut() + Send>,
+}
+
+impl Names {
+    /// The system's resolver, and nobody told of a moved name.
+    pub fn system() -> Names {
+        Names { resolver: super::prober::system_resolver, moved: Box::new(|| {}) }
+    }
+}
+
+impl std::fmt::Debug for Names {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Names").finish_non_exhaustive()
+    }
+}
+
 /// The running control thread.
 #[derive(Debug)]
 pub struct ControlThread {
@@ -95,19 +121,27 @@ impl ControlThread {
         clock: Clock,
     ) -> std::io::Result<ControlThread> {
         let plan = Arc::new(Mutex::new(Arc::new(Plan { targets, settings })));
-        ControlThread::spawn_with_plan(plan, clock)
+        ControlThread::spawn_with_plan(plan, clock, Names::system())
     }
 
-    /// Starts watching what `plan` says, re-read at every wake-up.
-    pub fn spawn_with_plan(plan: SharedPlan, clock: Clock) -> std::io::Result<ControlThread> {
+    /// Starts watching what `plan` says, re-read at every wake-up; `names.moved` is called on
+    /// this thread when a backend's host name no longer resolves to the address its checks
+    /// probe.
+    pub fn spawn_with_plan(
+        plan: SharedPlan,
+        clock: Clock,
+        names: Names,
+    ) -> std::io::Result<ControlThread> {
         let first = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
         let mut prober = Prober::new(first, clock.rate(), clock.now())?;
+        prober.set_resolver(names.resolver);
         let waker = prober.waker()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let mut moved = names.moved;
         let join = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || run(&plan, &clock, &flag, &mut prober))?;
+            .spawn(move || run(&plan, &clock, &flag, &mut prober, &mut *moved))?;
         Ok(ControlThread { stop, waker, join })
     }
 
@@ -121,7 +155,13 @@ impl ControlThread {
     }
 }
 
-fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool, prober: &mut Prober) -> u64 {
+fn run(
+    plan: &SharedPlan,
+    clock: &Clock,
+    stop: &AtomicBool,
+    prober: &mut Prober,
+    moved: &mut dyn FnMut(),
+) -> u64 {
     let mut dropped = 0;
     while !stop.load(Ordering::Acquire) {
         let current = Arc::clone(&plan.lock().unwrap_or_else(|e| e.into_inner()));
@@ -130,6 +170,9 @@ fn run(plan: &SharedPlan, clock: &Clock, stop: &AtomicBool, prober: &mut Prober)
             let input = Input::Snapshot { backend: target.backend, snapshot };
             dropped += u64::from(target.inbox.push(input).is_err());
         });
+        if prober.take_moved() {
+            moved();
+        }
     }
     dropped
 }

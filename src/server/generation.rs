@@ -16,7 +16,7 @@
 //! generation's [`KeyTable`], so a removed tenant's keys stop working in the first generation
 //! without it, while its requests already admitted finish.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use hashbrown::HashMap;
@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, TickRate};
 use crate::config::{self, Config, ModelConfig, Setting, Strategy, TenantConfig, UpstreamConfig};
+use crate::control::prober::{is_host_name, Resolver};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::credential::{Digest, KeyTable};
@@ -156,13 +157,16 @@ pub struct NewHost {
 impl Generation {
     /// Generation `number` of `config`, reusing the models and backends of `previous` (and
     /// their inboxes and reports); new models get a scheduler, returned as [`NewHost`]s for
-    /// their home shards. Fails when a new backend does not resolve or a table would overflow.
+    /// their home shards. Backends named by host name are resolved with `resolver`, the kept
+    /// ones again ([`update_model`]). Fails when a new backend does not resolve or a table
+    /// would overflow.
     pub fn build(
         number: u64,
         config: Config,
         previous: Option<&Generation>,
         clock: &Clock,
         rings: &[Arc<ShardRing>],
+        resolver: Resolver,
     ) -> Result<(Generation, Vec<NewHost>), String> {
         let mut models: Vec<Model> = previous.map_or_else(Vec::new, |p| p.models.clone());
         // A model that leaves the configuration keeps its backends as they were, so that its
@@ -182,7 +186,7 @@ impl Generation {
                     }
                     let home = models.len() % rings.len();
                     let (model, host) =
-                        new_model(model_config, &config, &weights, clock, rings, home)?;
+                        new_model(model_config, &config, &weights, clock, rings, home, resolver)?;
                     models.push(model);
                     let model = u16::try_from(models.len() - 1).expect("MODELS_MAX fits u16");
                     hosts.push(NewHost { home, model, host });
@@ -190,7 +194,7 @@ impl Generation {
                 }
             };
             let model = &mut models[index];
-            update_model(model, model_config)?;
+            update_model(model, model_config, resolver)?;
         }
         let body_fields = resolve_session_sources(&mut models);
         let by_name = (0u16..)
@@ -257,6 +261,7 @@ impl Generation {
                         inbox: Arc::clone(&model.inbox),
                         backend: index,
                         addr: backend.authority.clone(),
+                        resolved: Some(backend.addr),
                         engine: EngineKind::for_engine(model.config.engine),
                     });
                 }
@@ -351,11 +356,12 @@ fn new_model(
     clock: &Clock,
     rings: &[Arc<ShardRing>],
     home: usize,
+    resolver: Resolver,
 ) -> Result<(Model, ShardHost), String> {
     let backends = model
         .backends
         .iter()
-        .map(|authority| resolve(&model.name, authority))
+        .map(|authority| resolve(&model.name, authority, resolver))
         .collect::<Result<Vec<_>, _>>()?;
     let mut params = scheduler_params(model, &config.upstream, clock.rate());
     params.tenant_weights = weights.to_vec();
@@ -436,8 +442,11 @@ fn resolve_session_sources(models: &mut [Model]) -> Vec<Box<[u8]>> {
 }
 
 /// Brings `model` to `config`: its settings, and its backends (kept by authority, new ones
-/// appended and resolved).
-fn update_model(model: &mut Model, config: &ModelConfig) -> Result<(), String> {
+/// appended and resolved). A kept backend named by host name is resolved again: when the name
+/// no longer resolves to its address (and resolves at all), it takes the first it does (the
+/// prober's test for a moved name, `control::prober`), logged; its index, series and prefix
+/// index stay.
+fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> Result<(), String> {
     model.live = true;
     model.config = config.clone();
     model.upstream_model_json = config.upstream_model.as_deref().map(|name| {
@@ -449,7 +458,20 @@ fn update_model(model: &mut Model, config: &ModelConfig) -> Result<(), String> {
     model.backends.iter_mut().for_each(|b| b.live = false);
     for authority in &config.backends {
         match model.backends.iter_mut().find(|b| &b.authority == authority) {
-            Some(backend) => backend.live = true,
+            Some(backend) => {
+                backend.live = true;
+                if is_host_name(authority) {
+                    let found = resolver(authority);
+                    if let Some(&first) = found.first().filter(|_| !found.contains(&backend.addr)) {
+                        eprintln!(
+                            "warmpath: model {:?}: backend {authority} now resolves to {first} \
+                             (was {})",
+                            model.name, backend.addr
+                        );
+                        backend.addr = first;
+                    }
+                }
+            }
             None => {
                 if model.backends.len() >= BACKENDS_MAX {
                     return Err(format!(
@@ -458,7 +480,7 @@ fn update_model(model: &mut Model, config: &ModelConfig) -> Result<(), String> {
                         model.name
                     ));
                 }
-                let mut backend = resolve(&model.name, authority)?;
+                let mut backend = resolve(&model.name, authority, resolver)?;
                 backend.live = true;
                 model.backends.push(backend);
             }
@@ -467,9 +489,8 @@ fn update_model(model: &mut Model, config: &ModelConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn resolve(model: &str, authority: &str) -> Result<BackendAddr, String> {
-    let resolved = authority.to_socket_addrs().ok().and_then(|mut a| a.next());
-    match resolved {
+fn resolve(model: &str, authority: &str, resolver: Resolver) -> Result<BackendAddr, String> {
+    match resolver(authority).first().copied() {
         Some(addr) => Ok(BackendAddr { addr, authority: authority.to_owned(), live: true }),
         None => Err(format!("model {model:?}: backend {authority:?} does not resolve")),
     }
@@ -560,6 +581,50 @@ mod tests {
         let three = generation(tenants(Some(&two), &[tenant("a", b"ka")]).unwrap());
         assert_eq!(find(&three, b"ka"), Some(1), "a tenant that comes back keeps its index");
         assert!(three.auth_required() && !generation(Vec::new()).auth_required());
+    }
+
+    /// What `engine.test:80` resolves to in [`kept_backends_named_by_host_are_resolved_again`]:
+    /// 127.0.0.2 at this port, or nothing at port 0.
+    static ENGINE_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+
+    fn test_resolver(authority: &str) -> Vec<SocketAddr> {
+        let port = ENGINE_PORT.load(std::sync::atomic::Ordering::Relaxed);
+        match (authority, port) {
+            ("engine.test:80", 0) => Vec::new(),
+            ("engine.test:80", port) => vec![SocketAddr::from(([127, 0, 0, 2], port))],
+            (other, _) => crate::control::prober::system_resolver(other),
+        }
+    }
+
+    /// A reload (or a refresh) resolves a kept backend's host name again: a new address is
+    /// taken at the same index, a name that resolves to nothing keeps the last one, and an IP
+    /// address is not resolved; the control thread's targets carry the addresses.
+    #[test]
+    fn kept_backends_named_by_host_are_resolved_again() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let poll = mio::Poll::new().expect("a poll");
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("a waker"));
+        let rings = vec![Arc::new(Ring::new(16, waker))];
+        let clock = Clock::real();
+        let backends = vec!["engine.test:80".to_owned(), "127.0.0.1:9".to_owned()];
+        let config = Config::with_models(vec![ModelConfig::new("m", backends)]);
+        let build = |previous: Option<&Generation>| {
+            let config = config.clone();
+            Generation::build(2, config, previous, &clock, &rings, test_resolver).unwrap().0
+        };
+        let addrs = |g: &Generation| -> Vec<SocketAddr> {
+            g.models[0].backends.iter().map(|b| b.addr).collect()
+        };
+        let (engine, other) = (|port| SocketAddr::from(([127, 0, 0, 2], port)), "127.0.0.1:9");
+        let first = build(None);
+        assert_eq!(addrs(&first), [engine(1), other.parse().unwrap()]);
+        ENGINE_PORT.store(2, Relaxed);
+        let second = build(Some(&first));
+        assert_eq!(addrs(&second), [engine(2), other.parse().unwrap()], "moved, same index");
+        let resolved: Vec<_> = second.targets().iter().map(|t| t.resolved).collect();
+        assert_eq!(resolved, [Some(engine(2)), Some(other.parse().unwrap())]);
+        ENGINE_PORT.store(0, Relaxed);
+        assert_eq!(addrs(&build(Some(&second))), addrs(&second), "resolves to nothing: kept");
     }
 
     fn empty_generation() -> Generation {

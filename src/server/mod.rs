@@ -46,7 +46,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::clock::Clock;
 use crate::config::{Config, Overrides, RateLimitStore};
-use crate::control::thread::{ControlSettings, ControlThread, Plan, SharedPlan};
+use crate::control::prober::{system_resolver, Resolver};
+use crate::control::thread::{ControlSettings, ControlThread, Names, Plan, SharedPlan};
 use crate::ring::Ring;
 use crate::scheduler::{Input, Output};
 
@@ -101,6 +102,8 @@ pub struct Shared {
     pub reload_lock: Mutex<()>,
     /// Reloads refused so far.
     pub reloads_refused: AtomicU64,
+    /// How backends' host names resolve (the system's resolver but in tests).
+    pub resolver: Resolver,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,
     /// Shards not yet drained; a shard exits when this reaches 0, as it may host a scheduler
@@ -121,6 +124,7 @@ impl Shared {
         plan: Plan,
         access_logs: Vec<Arc<access_log::ShardLog>>,
         clock: &Clock,
+        resolver: Resolver,
     ) -> Shared {
         let shard_count = rings.len();
         let store = generation.config.rate_limit.store;
@@ -139,6 +143,7 @@ impl Shared {
             control_plan: Arc::new(Mutex::new(Arc::new(plan))),
             reload_lock: Mutex::new(()),
             reloads_refused: AtomicU64::new(0),
+            resolver,
             shutting_down: AtomicBool::new(false),
             shards_busy: AtomicUsize::new(shard_count),
             limiter: rate_limit::Limiter::new(clock.rate(), store == RateLimitStore::Redis),
@@ -294,6 +299,17 @@ pub fn start_with_source(
     source: Option<ConfigSource>,
     clock: Clock,
 ) -> io::Result<Running> {
+    start_with(config, source, clock, system_resolver)
+}
+
+/// [`start_with_source`], resolving backends' host names with `resolver` (a test's stand-in
+/// for DNS; the router uses the system's).
+pub fn start_with(
+    config: Config,
+    source: Option<ConfigSource>,
+    clock: Clock,
+    resolver: Resolver,
+) -> io::Result<Running> {
     config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let shard_count = match config.server.shards {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -307,7 +323,7 @@ pub fn start_with_source(
     let access_log = access_log::LogWriter::start(&config.server.access_log, shard_count)?;
     let (polls, rings) = shard_polls(shard_count)?;
     let control_settings = ControlSettings::from_config(&config.upstream);
-    let (generation, new_hosts) = Generation::build(1, config, None, &clock, &rings)
+    let (generation, new_hosts) = Generation::build(1, config, None, &clock, &rings, resolver)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut hosted: Vec<Vec<(u16, ShardHost)>> = (0..shard_count).map(|_| Vec::new()).collect();
     for new in new_hosts {
@@ -317,8 +333,13 @@ pub fn start_with_source(
     let pin_cores = generation.config.server.pin_cores;
     let logs = access_log.as_ref().map_or_else(Vec::new, |log| log.shards().to_vec());
     let generation = Arc::new(generation);
-    let shared = Arc::new(Shared::new(Arc::clone(&generation), source, rings, plan, logs, &clock));
-    let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock)?;
+    let shared =
+        Arc::new(Shared::new(Arc::clone(&generation), source, rings, plan, logs, &clock, resolver));
+    let names = {
+        let shared = Arc::clone(&shared);
+        Names { resolver, moved: Box::new(move || reload::refresh(&shared)) }
+    };
+    let control = ControlThread::spawn_with_plan(Arc::clone(&shared.control_plan), clock, names)?;
     // Before the shards: a replica starts serving with the global buckets (issue [11]).
     let limits = &generation.config.rate_limit;
     let store = match limits.store {

@@ -24,12 +24,14 @@
 //! the listeners, `shards`, `pin_cores`, `access_log`, and each model's `max_sessions` (the
 //! session tracker's capacity is fixed at start). `/debug/config` shows what is in effect.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
 use crate::control::thread::{ControlSettings, Plan};
 
+use super::generation::NewHost;
 use super::{Generation, Shared};
 
 /// How long a reload waits for every shard to adopt the generation it published.
@@ -82,11 +84,52 @@ fn try_reload(shared: &Shared) -> Result<u64, String> {
     let active = shared.generation();
     let (config, kept) = keep_restart_only(&active.config, config);
     let number = active.number + 1;
-    let (generation, hosts) =
-        Generation::build(number, config, Some(&active), &shared.clock, &shared.rings)?;
+    let (generation, hosts) = Generation::build(
+        number,
+        config,
+        Some(&active),
+        &shared.clock,
+        &shared.rings,
+        shared.resolver,
+    )?;
     for warning in kept {
         eprintln!("warmpath: reload: {warning}");
     }
+    install(shared, generation, hosts);
+    Ok(number)
+}
+
+/// Resolves the backends' host names again into a new generation of the running
+/// configuration (the control thread calls it when a name no longer resolves to the address
+/// its backend is reached at), and publishes it if an address changed. Logs what it does; a
+/// failure (only: shutting down) is logged and changes nothing.
+pub fn refresh(shared: &Shared) {
+    let _reload = shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+    if shared.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    let active = shared.generation();
+    let number = active.number + 1;
+    let config = active.config.clone();
+    let (clock, rings) = (&shared.clock, &shared.rings);
+    let built = Generation::build(number, config, Some(&active), clock, rings, shared.resolver);
+    let (generation, hosts) = match built {
+        Ok(built) => built,
+        Err(error) => return eprintln!("warmpath: re-resolving backends failed: {error}"),
+    };
+    let addresses = |g: &Generation| -> Vec<SocketAddr> {
+        g.models.iter().flat_map(|m| m.backends.iter().map(|b| b.addr)).collect()
+    };
+    if addresses(&generation) == addresses(&active) {
+        return;
+    }
+    install(shared, generation, hosts);
+    eprintln!("warmpath: backends re-resolved: generation {number} active");
+}
+
+/// Hands `generation`'s new schedulers to their shards, its targets to the control thread,
+/// and publishes it.
+fn install(shared: &Shared, generation: Generation, hosts: Vec<NewHost>) {
     for new in hosts {
         let mut mailbox = shared.new_hosts[new.home].lock().unwrap_or_else(|e| e.into_inner());
         mailbox.push((new.model, new.host));
@@ -97,7 +140,6 @@ fn try_reload(shared: &Shared) -> Result<u64, String> {
     };
     *shared.control_plan.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(plan);
     shared.publish(Arc::new(generation));
-    Ok(number)
 }
 
 /// `new` with the running values of the keys a running process cannot change, and a warning

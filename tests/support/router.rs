@@ -176,6 +176,15 @@ impl Setup {
         Router::start_on(self.config(), clock)
     }
 
+    /// Starts a router with this configuration on the real clock, resolving backends' host
+    /// names with `resolver` (a stand-in for DNS).
+    pub fn start_with_resolver(&self, resolver: warmpath::control::prober::Resolver) -> Router {
+        let clock = super::clock().clone();
+        let running = server::start_with(self.config(), None, clock, resolver).expect("starts");
+        let (addr, admin) = (running.addr(), running.admin_addr());
+        Router { running: Some(running), addr, admin }
+    }
+
     /// Writes this configuration to `path` and starts a router that reloads from it
     /// (`POST /admin/reload`), with no environment variables.
     pub fn start_from_file(&self, path: &std::path::Path) -> Router {

@@ -592,11 +592,14 @@ mod tests {
         };
         let clock = Clock::real();
         let (mut polls, rings) = super::super::shard_polls(1).unwrap();
-        let (first, hosts) = Generation::build(1, config, None, &clock, &rings).unwrap();
+        let resolver = crate::control::prober::system_resolver;
+        let (first, hosts) = Generation::build(1, config, None, &clock, &rings, resolver).unwrap();
         let first = Arc::new(first);
         let settings = ControlSettings::from_config(&first.config.upstream);
         let plan = Plan { targets: Vec::new(), settings };
-        let shared = Shared::new(Arc::clone(&first), Some(source), rings, plan, Vec::new(), &clock);
+        let logs = Vec::new();
+        let shared =
+            Shared::new(Arc::clone(&first), Some(source), rings, plan, logs, &clock, resolver);
         let shared = Arc::new(shared);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();

@@ -41,6 +41,8 @@ struct Upstream {
     stream: TcpStream,
     model: u16,
     backend: u16,
+    /// The backend's address when this connection was opened (a host name may move).
+    addr: SocketAddr,
     state: UpState,
     /// The client key while busy ([`NO_CLIENT`] otherwise).
     client: usize,
@@ -68,11 +70,12 @@ struct Upstream {
 }
 
 impl Upstream {
-    fn new(stream: TcpStream, model: u16, backend: u16) -> Upstream {
+    fn new(stream: TcpStream, model: u16, backend: u16, addr: SocketAddr) -> Upstream {
         Upstream {
             stream,
             model,
             backend,
+            addr,
             state: UpState::Connecting,
             client: NO_CLIENT,
             reused: false,
@@ -242,7 +245,8 @@ impl Upstreams {
     }
 
     /// A new generation: pools for its models and backends; idle connections to the backends
-    /// it removed close.
+    /// it removed, or to an address a backend's host name no longer resolves to, close (busy
+    /// ones finish their exchange and close instead of returning to the pool).
     pub(super) fn adopt(&mut self, cx: &mut Cx) {
         for (index, model) in cx.gen.models.iter().enumerate() {
             if index == self.pools.len() {
@@ -250,10 +254,11 @@ impl Upstreams {
             }
             self.pools[index].resize(model.backends.len(), Vec::new());
             for (backend, addr) in model.backends.iter().enumerate() {
-                if !addr.live {
-                    while let Some(up) = self.pools[index][backend].pop() {
-                        self.close(up, cx);
-                    }
+                let pool = &self.pools[index][backend];
+                let stale = |&up: &usize| !addr.live || self.conns[up].addr != addr.addr;
+                let stale: Vec<usize> = pool.iter().copied().filter(stale).collect();
+                for up in stale {
+                    self.close(up, cx);
                 }
             }
         }
@@ -340,7 +345,7 @@ impl Upstreams {
         }
         let interest = Interest::READABLE | Interest::WRITABLE;
         cx.registry.register(&mut stream, Owner::Upstream(key).token(), interest)?;
-        entry.insert(Upstream::new(stream, model, backend));
+        entry.insert(Upstream::new(stream, model, backend, addr));
         Ok(key)
     }
 
@@ -685,8 +690,10 @@ impl Upstreams {
     fn return_to_pool(&mut self, up: usize, cx: &mut Cx) {
         let max_idle = cx.gen.config.upstream.max_idle_per_backend as usize;
         let u = &mut self.conns[up];
-        let pool = &mut self.pools[usize::from(u.model)][usize::from(u.backend)];
-        if pool.len() >= max_idle || cx.shutting_down() {
+        let (model, backend) = (usize::from(u.model), usize::from(u.backend));
+        let moved = cx.gen.models[model].backends[backend].addr != u.addr;
+        let pool = &mut self.pools[model][backend];
+        if pool.len() >= max_idle || moved || cx.shutting_down() {
             return self.close(up, cx);
         }
         pool.push(up);

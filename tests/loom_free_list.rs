@@ -31,19 +31,22 @@ fn check_made(held: &[Option<u32>], list: &FreeList, made: u32) {
     assert_eq!(all, (0..made).collect::<Vec<_>>(), "held {held:?}");
 }
 
+/// Pops twice, pushes the first slot back, and returns the second (the ABA pattern).
+fn pop_pop_push_back(list: &FreeList) -> Option<u32> {
+    let first = list.pop();
+    let second = list.pop();
+    if let Some(slot) = first {
+        list.push(slot);
+    }
+    second
+}
+
 #[test]
 fn a_pop_against_pop_pop_push_back_hands_out_no_slot_twice() {
     loom::model(|| {
         let list = Arc::new(FreeList::full(SLOTS));
         let other = Arc::clone(&list);
-        let thief = thread::spawn(move || {
-            let first = other.pop();
-            let second = other.pop();
-            if let Some(slot) = first {
-                other.push(slot);
-            }
-            second
-        });
+        let thief = thread::spawn(move || pop_pop_push_back(&other));
         let mine = list.pop();
         let second = thief.join().expect("the other thread");
         assert!(mine.is_none() || mine != second, "slot {mine:?} handed out twice");
@@ -79,14 +82,7 @@ fn growth_against_pop_pop_push_hands_out_no_slot_twice() {
     loom::model(|| {
         let list = Arc::new(FreeList::full(1));
         let other = Arc::clone(&list);
-        let worker = thread::spawn(move || {
-            let first = other.pop();
-            let second = other.pop();
-            if let Some(slot) = first {
-                other.push(slot);
-            }
-            second
-        });
+        let worker = thread::spawn(move || pop_pop_push_back(&other));
         let made = list.grow(2);
         let mine = list.pop();
         let second = worker.join().expect("the other thread");

@@ -102,7 +102,7 @@ pub struct Shared {
     pub reload_lock: Mutex<()>,
     /// Reloads refused so far.
     pub reloads_refused: AtomicU64,
-    /// How backends' host names resolve (the system's resolver but in tests).
+    /// How backends' host names resolve (the system's resolver, or a test's stand-in).
     pub resolver: Resolver,
     /// Set by [`Running::shutdown`] (S13).
     pub shutting_down: AtomicBool,

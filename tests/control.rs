@@ -381,19 +381,53 @@ fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
 /// Where the test resolver sends `engine.test:80`.
 static ENGINE_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
 
-/// `engine.test:80` resolves to 127.0.0.1 at [`ENGINE_PORT`]; nothing else resolves.
+/// `engine.test:80` resolves to 127.0.0.1 at [`ENGINE_PORT`]; `slow.test:80` to nothing after
+/// 3 s (a DNS server that hangs); nothing else resolves.
 fn test_resolver(authority: &str) -> Vec<SocketAddr> {
     let port = ENGINE_PORT.load(std::sync::atomic::Ordering::Relaxed);
     match authority {
         "engine.test:80" => vec![SocketAddr::from(([127, 0, 0, 1], port))],
+        "slow.test:80" => {
+            std::thread::sleep(Duration::from_secs(3));
+            Vec::new()
+        }
         _ => Vec::new(),
     }
 }
 
+/// A lookup that hangs holds no check: the other backend's snapshots keep coming every
+/// interval (50 ms) while the name's lookup waits on its own thread.
+#[test]
+fn a_hung_name_lookup_delays_no_check() {
+    use warmpath::control::prober::Prober;
+    let healthy = backend(100, |_| ok("")).parse::<SocketAddr>().unwrap();
+    let inbox: Arc<Inbox> = Arc::new(Ring::new(16, InboxWaker::default()));
+    let target = |backend, addr: &str| Target {
+        inbox: Arc::clone(&inbox),
+        backend,
+        addr: addr.to_owned(),
+        resolved: Some(healthy),
+        engine: None,
+    };
+    let targets = vec![target(0, "slow.test:80"), target(1, &healthy.to_string())];
+    let plan = Arc::new(Plan { targets, settings: settings() });
+    let clock = Clock::real();
+    let mut prober = Prober::new(plan, clock.rate(), clock.now()).expect("a prober");
+    prober.set_resolver(test_resolver);
+    let end = clock.now() + clock.rate().ticks(Duration::from_secs(1));
+    let mut checks = 0;
+    while clock.now() < end {
+        prober.turn(&clock, &mut |t, _| checks += usize::from(t.backend == 1));
+    }
+    assert!(prober.names_pending(), "the slow lookup is still out");
+    assert!(checks >= 5, "{checks} checks of the other backend in a second of a hung lookup");
+}
+
 /// A target that carries the dataplane's address is probed there, and its host name is
 /// watched: while it resolves to that address nothing has moved; once it resolves elsewhere
-/// (the engine's pod came back with a new IP), the prober says so after the next check that
-/// resolves it (the first, or one after a failed connect). An IP address is never resolved.
+/// (the engine's pod came back with a new IP), the prober says so once the lookup a check asks
+/// for (the first, or one after a failed connect) is answered. An IP address is never
+/// resolved.
 #[test]
 fn a_host_name_that_resolves_elsewhere_is_reported_moved() {
     use warmpath::control::prober::Prober;
@@ -411,9 +445,10 @@ fn a_host_name_that_resolves_elsewhere_is_reported_moved() {
         let plan = Arc::new(Plan { targets: vec![target], settings: settings() });
         let mut prober = Prober::new(plan, clock.rate(), clock.now()).expect("a prober");
         prober.set_resolver(test_resolver);
+        // The name is looked up on the resolver thread; its answer is read at a turn.
         let mut healthy = None;
-        while healthy.is_none() {
-            prober.turn(&clock, &mut |_, snapshot| healthy = Some(snapshot.healthy));
+        while healthy.is_none() || prober.names_pending() {
+            prober.turn(&clock, &mut |_, snapshot| healthy = healthy.or(Some(snapshot.healthy)));
         }
         (healthy.expect("a check"), prober.take_moved())
     };

@@ -27,9 +27,12 @@
 //!
 //! Addresses: a target that carries the dataplane's address ([`Target::resolved`]) is probed
 //! there, so that its checks judge the address its requests go to. When its backend is named
-//! by a host name, the prober also watches the name: it resolves it (blocking, `getaddrinfo`
-//! through the [`Resolver`], with an allocation) at the first check, after a connect failed,
-//! and every [`RESOLVE_EVERY`]; when the name no longer resolves to the dataplane's address
+//! by a host name, the prober also watches the name: it has it resolved at the first check,
+//! after a connect failed, and every [`RESOLVE_EVERY`], by a thread of its own (`getaddrinfo`
+//! through the [`Resolver`] blocks, for as long as the DNS server takes: on the control
+//! thread a hung server would hold every backend's checks; started at the first lookup, it
+//! answers through a channel the prober reads at each turn); when the name no longer resolves
+//! to the dataplane's address
 //! (an engine's pod restarted with a new IP behind the same DNS name), [`Prober::take_moved`]
 //! says so, and the router re-resolves its backends into a new generation (kubernetes
 //! StatefulSet pods keep their names and change their addresses; nginx without `resolver`
@@ -44,7 +47,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use mio::net::TcpStream;
@@ -116,6 +119,8 @@ struct Slot {
     addr: Option<SocketAddr>,
     /// When the target's host name was last resolved, to see whether it moved.
     named_at: Option<Tick>,
+    /// A lookup of the name is in flight.
+    asking: bool,
     /// The last connect failed (the name is resolved again at the next check).
     connect_failed: bool,
     /// The health exchange of the current check answered 2xx.
@@ -139,6 +144,7 @@ impl Slot {
             stream: None,
             addr: None,
             named_at: None,
+            asking: false,
             connect_failed: false,
             healthy: false,
             request: Vec::new(),
@@ -230,8 +236,34 @@ struct Slots {
     /// No slot is due before this tick.
     next_due: Tick,
     resolver: Resolver,
+    /// The lookup thread, once a name needed one.
+    lookups: Option<Lookups>,
     /// Some target's host name stopped resolving to the dataplane's address.
     moved: bool,
+}
+
+/// Name lookups off the control thread (module doc): a thread that resolves one `host:port`
+/// at a time, asked and answered through channels; it ends when the prober drops its end.
+#[derive(Debug)]
+struct Lookups {
+    ask: mpsc::Sender<String>,
+    answers: mpsc::Receiver<(String, Vec<SocketAddr>)>,
+}
+
+impl Lookups {
+    fn start(resolver: Resolver) -> io::Result<Lookups> {
+        let (ask, questions) = mpsc::channel::<String>();
+        let (tell, answers) = mpsc::channel();
+        std::thread::Builder::new().name("resolver".into()).spawn(move || {
+            for authority in questions {
+                let found = resolver(&authority);
+                if tell.send((authority, found)).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Lookups { ask, answers })
+    }
 }
 
 impl Prober {
@@ -248,6 +280,7 @@ impl Prober {
                 scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
                 next_due: now,
                 resolver: system_resolver,
+                lookups: None,
                 moved: false,
             },
         })
@@ -262,6 +295,11 @@ impl Prober {
     /// the last call (module doc).
     pub fn take_moved(&mut self) -> bool {
         std::mem::take(&mut self.slots.moved)
+    }
+
+    /// Whether a lookup of some target's host name has not been answered yet.
+    pub fn names_pending(&self) -> bool {
+        self.slots.slots.iter().any(|slot| slot.asking)
     }
 
     /// A waker that interrupts [`Prober::turn`]'s wait.
@@ -292,6 +330,7 @@ impl Prober {
             Err(e) => panic!("control thread: poll failed: {e}"),
         }
         let now = clock.now();
+        slots.read_answers();
         for event in events.iter() {
             let index = event.token().0;
             if index < slots.slots.len() {
@@ -389,25 +428,42 @@ impl Slots {
         self.start_exchange(registry, index, Step::Health, now, done);
     }
 
-    /// Resolves target `index`'s host name when that is due (module doc) and notes whether it
-    /// still names the dataplane's address.
+    /// Asks for target `index`'s host name to be resolved when that is due (module doc).
     fn watch_name(&mut self, index: usize, now: Tick) {
         let target = &self.plan.targets[index];
-        let Some(addr) = target.resolved else { return };
-        if !is_host_name(&target.addr) {
+        if target.resolved.is_none() || !is_host_name(&target.addr) {
             return;
         }
         let every = self.rate.ticks(RESOLVE_EVERY);
         let slot = &mut self.slots[index];
         let due = slot.connect_failed || slot.named_at.is_none_or(|at| now >= at + every);
-        if !due {
+        if !due || slot.asking {
             return;
         }
+        if self.lookups.is_none() {
+            match Lookups::start(self.resolver) {
+                Ok(lookups) => self.lookups = Some(lookups),
+                // Tried again at the next check that is due.
+                Err(e) => return eprintln!("warmpath: control: no resolver thread: {e}"),
+            }
+        }
+        let lookups = self.lookups.as_ref().expect("started above");
         slot.named_at = Some(now);
         slot.connect_failed = false;
-        let found = (self.resolver)(&target.addr);
-        if !found.is_empty() && !found.contains(&addr) {
-            self.moved = true;
+        slot.asking = lookups.ask.send(target.addr.clone()).is_ok();
+    }
+
+    /// Takes the lookups answered since the last turn: a target whose name resolves (to
+    /// anything) but not to the dataplane's address has moved.
+    fn read_answers(&mut self) {
+        let Some(lookups) = &self.lookups else { return };
+        while let Ok((authority, found)) = lookups.answers.try_recv() {
+            let targets = self.plan.targets.iter().zip(&mut self.slots);
+            for (target, slot) in targets.filter(|(t, _)| t.addr == authority) {
+                slot.asking = false;
+                let moved = target.resolved.is_some_and(|addr| !found.contains(&addr));
+                self.moved |= moved && !found.is_empty();
+            }
         }
     }
 

@@ -20,6 +20,11 @@
 //! [`ADOPTION_WAIT`] (one that stopped, or is stuck) is named in the log, and the reload
 //! returns anyway: the generation is published, and that shard adopts it when it next runs.
 //!
+//! [`refresh`] is the same without the file: the control thread calls it when a backend's
+//! host name no longer resolves to the address in use (`control::prober`), and it builds a
+//! generation of the running configuration with every name resolved again, published only if
+//! an address changed.
+//!
 //! Keys that cannot change in a running process keep their running value, with a warning:
 //! the listeners, `shards`, `pin_cores`, `access_log`, and each model's `max_sessions` (the
 //! session tracker's capacity is fixed at start). `/debug/config` shows what is in effect.

@@ -592,7 +592,7 @@ mod tests {
         };
         let clock = Clock::real();
         let (mut polls, rings) = super::super::shard_polls(1).unwrap();
-        let resolver = crate::control::prober::system_resolver;
+        let resolver = test_resolver;
         let (first, hosts) = Generation::build(1, config, None, &clock, &rings, resolver).unwrap();
         let first = Arc::new(first);
         let settings = ControlSettings::from_config(&first.config.upstream);
@@ -709,6 +709,38 @@ mod tests {
         shard.refresh();
         assert_eq!(shared.adopted[0].load(Ordering::Acquire), 2);
         assert_eq!(shared.await_adoption(2, wait), Vec::<usize>::new());
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Where `engine.test:80` resolves in these tests: 127.0.0.3 at this port.
+    static ENGINE_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+
+    fn test_resolver(authority: &str) -> Vec<std::net::SocketAddr> {
+        match authority {
+            "engine.test:80" => {
+                let port = ENGINE_PORT.load(Ordering::Relaxed);
+                vec![std::net::SocketAddr::from(([127, 0, 0, 3], port))]
+            }
+            other => crate::control::prober::system_resolver(other),
+        }
+    }
+
+    /// A refresh (the control thread saw a backend's name move) publishes a generation only
+    /// when an address changed, and the shard adopts it like a reload's.
+    #[test]
+    fn a_refresh_publishes_only_a_moved_address() {
+        let path = temp_config("refresh");
+        let (setup, shared) = unstarted(&path, &[("m", &["engine.test:80", "127.0.0.1:1"])]);
+        let mut shard = Shard::new(setup).unwrap();
+        super::super::reload::refresh(&shared);
+        assert_eq!(shared.generation().number, 1, "nothing moved: nothing published");
+        ENGINE_PORT.store(2, Ordering::Relaxed);
+        super::super::reload::refresh(&shared);
+        assert_eq!(shared.generation().number, 2);
+        shard.refresh();
+        let addrs: Vec<String> =
+            shard.gen.models[0].backends.iter().map(|b| b.addr.to_string()).collect();
+        assert_eq!(addrs, ["127.0.0.3:2", "127.0.0.1:1"]);
         let _ = std::fs::remove_file(path);
     }
 

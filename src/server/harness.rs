@@ -2,8 +2,10 @@
 //! splits, checked against the connection model of `protocol::harness` (`cfg(test)` /
 //! `cfg(fuzzing)`; the `connection` fuzz target and a unit test drive it).
 //!
-//! One router runs for the life of the process (one shard, limits small enough for a fuzzer
-//! to reach: 1 KiB heads, 2 KiB bodies) in front of a minimal backend that answers every
+//! One router runs for the life of the process (two shards, so that the kernel puts each
+//! input's connection on either and a request's admission crosses shards when the model's
+//! scheduler lives on the other; limits small enough for a fuzzer to reach: 1 KiB heads, 2 KiB
+//! bodies) in front of a minimal backend that answers every
 //! request `200 {}` in two writes: with a `Content-Length` when the request body's length is
 //! even (the head, then the body), chunked (an extension, a trailer) when it is odd, so the
 //! shard's hold of a fixed-length head for its body, its pass-through of chunked bodies and its
@@ -61,7 +63,7 @@ struct Rig {
 fn harness_toml(backends: &[SocketAddr], inflight: u32) -> String {
     let backends: Vec<String> = backends.iter().map(|b| format!("\"{b}\"")).collect();
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshards = 1\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshards = 2\n\
          pin_cores = false\nmax_header_bytes = 1024\nmax_body_bytes = 2048\n\
          header_timeout = \"10s\"\nbody_timeout = \"10s\"\n\
          [upstream]\nmetrics_interval = \"1s\"\n\

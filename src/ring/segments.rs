@@ -6,9 +6,10 @@
 //! segment `k ≥ 1` holds `base · 2^(k−1)` more, so after `k` added segments the array holds
 //! `base · 2^k` and growth wastes at most half of what it allocates (the bucket layout of Dechev,
 //! Pirkelbauer and Stroustrup's lock-free vector, "Lock-free dynamically resizable arrays",
-//! OPODIS 2006, with a first bucket of any size). An added segment is built whole and then published through a
-//! `OnceLock`, so a reader that was handed an index past the first segment (by the free list,
-//! whose publishing swap happens after the growth) finds it built, without `unsafe`.
+//! OPODIS 2006, with a first bucket of any size). An added segment is built whole and then
+//! published through a `OnceLock`, so a reader that was handed an index past the first segment
+//! (by the free list, whose publishing swap happens after the growth) finds it built, without
+//! `unsafe`.
 //!
 //! Cost on the read path: the first segment is a plain boxed slice, so an index below `base`
 //! (every index until a reload grows the array) is one comparison more than a slice index.

@@ -77,6 +77,14 @@ pub fn is_host_name(authority: &str) -> bool {
     authority.parse::<SocketAddr>().is_err()
 }
 
+/// Where a backend reached at `current` has moved, given what its host name resolves to
+/// (`found`): the first address found, when there is one and `current` is not among them.
+/// The one rule both the prober (to notice) and a new generation (to follow) apply, so that
+/// they cannot disagree.
+pub fn moved_to(found: &[SocketAddr], current: SocketAddr) -> Option<SocketAddr> {
+    found.first().copied().filter(|_| !found.contains(&current))
+}
+
 /// How often a backend's host name is resolved again while its connects succeed.
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(30);
 
@@ -461,8 +469,7 @@ impl Slots {
             let targets = self.plan.targets.iter().zip(&mut self.slots);
             for (target, slot) in targets.filter(|(t, _)| t.addr == authority) {
                 slot.asking = false;
-                let moved = target.resolved.is_some_and(|addr| !found.contains(&addr));
-                self.moved |= moved && !found.is_empty();
+                self.moved |= target.resolved.and_then(|addr| moved_to(&found, addr)).is_some();
             }
         }
     }

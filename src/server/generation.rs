@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, TickRate};
 use crate::config::{self, Config, ModelConfig, Setting, Strategy, TenantConfig, UpstreamConfig};
-use crate::control::prober::{is_host_name, Resolver};
+use crate::control::prober::{is_host_name, moved_to, Resolver};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
 use crate::credential::{Digest, KeyTable};
@@ -443,9 +443,8 @@ fn resolve_session_sources(models: &mut [Model]) -> Vec<Box<[u8]>> {
 
 /// Brings `model` to `config`: its settings, and its backends (kept by authority, new ones
 /// appended and resolved). A kept backend named by host name is resolved again: when the name
-/// no longer resolves to its address (and resolves at all), it takes the first it does (the
-/// prober's test for a moved name, `control::prober`), logged; its index, series and prefix
-/// index stay.
+/// no longer resolves to its address (and resolves at all), it takes the first it does
+/// ([`moved_to`], the prober's rule too), logged; its index, series and prefix index stay.
 fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> Result<(), String> {
     model.live = true;
     model.config = config.clone();
@@ -460,16 +459,16 @@ fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> 
         match model.backends.iter_mut().find(|b| &b.authority == authority) {
             Some(backend) => {
                 backend.live = true;
-                if is_host_name(authority) {
-                    let found = resolver(authority);
-                    if let Some(&first) = found.first().filter(|_| !found.contains(&backend.addr)) {
-                        eprintln!(
-                            "warmpath: model {:?}: backend {authority} now resolves to {first} \
-                             (was {})",
-                            model.name, backend.addr
-                        );
-                        backend.addr = first;
-                    }
+                let moved = is_host_name(authority)
+                    .then(|| moved_to(&resolver(authority), backend.addr))
+                    .flatten();
+                if let Some(first) = moved {
+                    eprintln!(
+                        "warmpath: model {:?}: backend {authority} now resolves to {first} \
+                         (was {})",
+                        model.name, backend.addr
+                    );
+                    backend.addr = first;
                 }
             }
             None => {

@@ -172,19 +172,18 @@ impl Shared {
     pub(crate) fn await_adoption(&self, number: u64, timeout: Duration) -> Vec<usize> {
         const NAP: Duration = Duration::from_micros(100);
         let naps = timeout.as_micros() / NAP.as_micros();
-        let behind = || -> Vec<usize> {
-            (self.adopted.iter().enumerate())
+        let mut napped = 0;
+        loop {
+            let behind: Vec<usize> = (self.adopted.iter().enumerate())
                 .filter(|(_, adopted)| adopted.load(Ordering::Acquire) < number)
                 .map(|(shard, _)| shard)
-                .collect()
-        };
-        for _ in 0..naps {
-            if behind().is_empty() {
-                break;
+                .collect();
+            if behind.is_empty() || napped == naps {
+                return behind;
             }
             std::thread::sleep(NAP);
+            napped += 1;
         }
-        behind()
     }
 
     /// Every shard's counters as of now.

@@ -77,10 +77,7 @@ pub(super) fn publish(shared: &Shared) -> Result<u64, String> {
 }
 
 fn try_reload(shared: &Shared) -> Result<u64, String> {
-    let _reload = shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
-    if shared.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
-        return Err("shutting down".into());
-    }
+    let _reload = reload_lock(shared)?;
     let Some(source) = &shared.source else {
         return Err("no configuration file to reload (started without --config)".into());
     };
@@ -88,15 +85,8 @@ fn try_reload(shared: &Shared) -> Result<u64, String> {
         .map_err(|e| e.to_string())?;
     let active = shared.generation();
     let (config, kept) = keep_restart_only(&active.config, config);
-    let number = active.number + 1;
-    let (generation, hosts) = Generation::build(
-        number,
-        config,
-        Some(&active),
-        &shared.clock,
-        &shared.rings,
-        shared.resolver,
-    )?;
+    let (generation, hosts) = next(shared, &active, config)?;
+    let number = generation.number;
     for warning in kept {
         eprintln!("warmpath: reload: {warning}");
     }
@@ -109,16 +99,9 @@ fn try_reload(shared: &Shared) -> Result<u64, String> {
 /// its backend is reached at), and publishes it if an address changed. Logs what it does; a
 /// failure (only: shutting down) is logged and changes nothing.
 pub fn refresh(shared: &Shared) {
-    let _reload = shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
-    if shared.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
-        return;
-    }
+    let Ok(_reload) = reload_lock(shared) else { return };
     let active = shared.generation();
-    let number = active.number + 1;
-    let config = active.config.clone();
-    let (clock, rings) = (&shared.clock, &shared.rings);
-    let built = Generation::build(number, config, Some(&active), clock, rings, shared.resolver);
-    let (generation, hosts) = match built {
+    let (generation, hosts) = match next(shared, &active, active.config.clone()) {
         Ok(built) => built,
         Err(error) => return eprintln!("warmpath: re-resolving backends failed: {error}"),
     };
@@ -128,8 +111,28 @@ pub fn refresh(shared: &Shared) {
     if addresses(&generation) == addresses(&active) {
         return;
     }
+    let number = generation.number;
     install(shared, generation, hosts);
     eprintln!("warmpath: backends re-resolved: generation {number} active");
+}
+
+/// The reload lock, unless the router is shutting down (then nothing may change).
+fn reload_lock(shared: &Shared) -> Result<std::sync::MutexGuard<'_, ()>, String> {
+    let lock = shared.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+    match shared.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+        true => Err("shutting down".into()),
+        false => Ok(lock),
+    }
+}
+
+/// The generation after `active`, of `config`, on the router's rings, clock and resolver.
+fn next(
+    shared: &Shared,
+    active: &Generation,
+    config: Config,
+) -> Result<(Generation, Vec<NewHost>), String> {
+    let (clock, rings) = (&shared.clock, &shared.rings);
+    Generation::build(active.number + 1, config, Some(active), clock, rings, shared.resolver)
 }
 
 /// Hands `generation`'s new schedulers to their shards, its targets to the control thread,

@@ -289,6 +289,19 @@ pub struct CacheModel {
     pub counter_at: Tick,
     /// The index size as a multiple of its nominal size, in quarters.
     pub index_scale: u32,
+    /// Restarts of the engine seen in its counters ([`CacheModel::snapshot`]), and when the
+    /// last was seen.
+    pub restarts: u64,
+    pub restarted_at: Tick,
+}
+
+/// What a snapshot's cache report changed ([`CacheModel::snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// The engine exported a KV capacity other than the last one.
+    pub capacity_changed: bool,
+    /// The engine restarted since the last snapshot with counters: its caches are empty.
+    pub restarted: bool,
 }
 
 impl CacheModel {
@@ -306,6 +319,8 @@ impl CacheModel {
         counter_micro: None,
         counter_at: 0,
         index_scale: INDEX_SCALE_START,
+        restarts: 0,
+        restarted_at: 0,
     };
 
     /// A request was placed with `tokens` estimated prompt tokens, of which the index
@@ -326,20 +341,36 @@ impl CacheModel {
         self.period_engine += u64::try_from(scaled).unwrap_or(u64::MAX);
     }
 
-    /// A snapshot's cache report at `now`. Returns whether the exported capacity changed.
-    pub fn snapshot(&mut self, now: Tick, capacity: u32, queries: u64, hits: u64) -> bool {
-        let changed = capacity != 0 && u64::from(capacity) != self.kv_capacity_tokens;
+    /// A snapshot's cache report at `now`: whether the exported capacity changed, and whether
+    /// the engine restarted.
+    ///
+    /// A restart is a prefix-cache counter lower than at the last snapshot that had them: the
+    /// counters only grow while the engine runs (Prometheus counters restart from zero with
+    /// their process), so one that went down belongs to a new process, whose KV cache starts
+    /// empty. It is no sample of the hit ratio, and it ends the calibration period without
+    /// closing it: what the index predicted before the restart was predicted of a cache that
+    /// is gone.
+    pub fn snapshot(&mut self, now: Tick, capacity: u32, queries: u64, hits: u64) -> Reported {
+        let mut reported = Reported {
+            capacity_changed: capacity != 0 && u64::from(capacity) != self.kv_capacity_tokens,
+            restarted: false,
+        };
         if capacity != 0 {
             self.kv_capacity_tokens = u64::from(capacity);
             self.kv_capacity_at = now;
         }
         let known = queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER;
         if !known {
-            return changed;
+            return reported;
         }
         if let Some((q0, h0)) = self.counters {
-            // Counters only grow; one that went down is an engine that restarted.
-            if queries >= q0 && hits >= h0 && queries > q0 {
+            if queries < q0 || hits < h0 {
+                reported.restarted = true;
+                self.restarts += 1;
+                self.restarted_at = now;
+                (self.period_tokens, self.period_predicted, self.period_engine) = (0, 0, 0);
+                self.period_from_usage = false;
+            } else if queries > q0 {
                 let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
                 self.counter_micro = Some(dh * 1_000_000 / dq);
                 self.counter_at = now;
@@ -351,7 +382,7 @@ impl CacheModel {
             }
         }
         self.counters = Some((queries, hits));
-        changed
+        reported
     }
 
     /// Closes the calibration period at `now` if it holds enough tokens and the engine's side
@@ -412,6 +443,9 @@ pub struct BackendEstimates {
     pub counter_at: Tick,
     /// Blocks the prefix index may hold (0 without prefix-cost).
     pub index_capacity: u64,
+    /// Restarts of its engine seen in its counters, and when the last was seen.
+    pub restarts: u64,
+    pub restarted_at: Tick,
 }
 
 /// Everything a scheduler learns, and what it needs to remember per admitted request to learn
@@ -582,20 +616,41 @@ mod tests {
     #[test]
     fn engine_counters_stand_in_for_missing_usage_and_a_restart_is_not_a_sample() {
         let mut c = CacheModel::NEW;
-        assert!(c.snapshot(1, 442_368, 1_000, 100), "a capacity is news");
-        assert!(!c.snapshot(2, 442_368, 1_000, 100), "the same capacity is not");
+        let news = Reported { capacity_changed: true, restarted: false };
+        assert_eq!(c.snapshot(1, 442_368, 1_000, 100), news, "a capacity is news");
+        let same = c.snapshot(2, 442_368, 1_000, 100);
+        assert!(!same.capacity_changed, "the same capacity is not");
         c.placed(CALIBRATION_TOKENS, 0);
-        c.snapshot(3, 0, 3_000, 1_100);
+        assert!(!c.snapshot(3, 0, 3_000, 1_100).restarted, "counters that grew");
         assert_eq!(c.counter_micro, Some(500_000));
         assert_eq!(c.kv_capacity_tokens, 442_368, "a scrape without capacity keeps it");
         assert!(c.calibrate(4), "predicted nothing, the counters say half: grow");
         // The engine restarted: its counters went down. No sample, the new values kept.
-        c.snapshot(5, 0, 10, 1);
+        assert!(c.snapshot(5, 0, 10, 1).restarted);
+        assert_eq!((c.restarts, c.restarted_at), (1, 5));
         assert_eq!(c.counter_micro, Some(500_000));
-        c.snapshot(6, 0, 110, 101);
+        assert!(!c.snapshot(6, 0, 110, 101).restarted);
         assert_eq!(c.counter_micro, Some(1_000_000));
-        // Counters that disappear leave the last ratio alone.
-        c.snapshot(7, 0, EngineCache::NO_COUNTER, EngineCache::NO_COUNTER);
+        // Hits alone going down are a restart too (a new process that already served more).
+        assert!(c.snapshot(7, 0, 200, 50).restarted);
+        // Counters that disappear leave the last ratio alone, and are no restart.
+        assert!(!c.snapshot(8, 0, EngineCache::NO_COUNTER, EngineCache::NO_COUNTER).restarted);
         assert_eq!(c.counter_micro, Some(1_000_000));
+        assert_eq!(c.restarts, 2);
+    }
+
+    #[test]
+    fn a_restart_drops_the_calibration_period_it_interrupts() {
+        let mut c = CacheModel::NEW;
+        c.snapshot(1, 0, 1_000, 500);
+        // Most of a period predicted against the old cache, then the engine restarts: the
+        // period starts again, so the misses of the empty cache are not held against the
+        // index's size.
+        c.placed(CALIBRATION_TOKENS - 1, CALIBRATION_TOKENS / 2);
+        assert!(c.snapshot(2, 0, 0, 0).restarted);
+        c.placed(1, 0);
+        c.usage(1000, 0, 1);
+        assert!(!c.calibrate(3), "the interrupted period's tokens are gone");
+        assert_eq!(c.index_blocks(1000), 2000, "the scale is as it started");
     }
 }

@@ -416,7 +416,7 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
         let (a, b) = (real.backend_prefill_tokens(backend), model.backend_prefill_tokens(backend));
         assert_eq!(a, b, "prefill of {backend}, {}", context());
         let e = real.backend_estimates(backend);
-        let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity);
+        let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity, e.restarts);
         assert_eq!(a, model.backend_estimates(backend), "estimates of {backend}, {}", context());
     }
     assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());

@@ -170,6 +170,8 @@ impl Scheduler {
             hit_ratio_at: cache.hit_ratio_at,
             counter_hit_micro: cache.counter_micro,
             counter_at: cache.counter_at,
+            restarts: cache.restarts,
+            restarted_at: cache.restarted_at,
             index_capacity: self
                 .prefix
                 .as_ref()

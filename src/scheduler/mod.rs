@@ -651,9 +651,15 @@ impl Scheduler {
     fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
         let cache = snapshot.cache;
         let model = &mut self.learned.cache[usize::from(backend)];
-        let capacity_changed =
+        let reported =
             model.snapshot(now, cache.kv_capacity_tokens, cache.prefix_queries, cache.prefix_hits);
-        if capacity_changed || model.calibrate(now) {
+        if reported.restarted {
+            // A new engine process: its prefix cache is empty, whatever warmpath sent before.
+            if let Some(prefix) = &mut self.prefix {
+                prefix.indexes[usize::from(backend)].clear();
+            }
+        }
+        if reported.capacity_changed || model.calibrate(now) {
             self.resize_index(backend);
         }
         let stale_after = self.params.metrics_stale_after;

@@ -139,6 +139,38 @@ fn a_request_goes_where_its_prefix_is_cached_not_where_load_is_lowest() {
 }
 
 #[test]
+fn an_engine_that_restarted_is_placed_as_holding_nothing() {
+    let mut h = H::new(params(2, 8));
+    let snapshot = |queries, hits| {
+        let mut snapshot = Snapshot::new(true, Some(0), 0);
+        snapshot.cache =
+            EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
+        Input::Snapshot { backend: 0, snapshot }
+    };
+    h.send(snapshot(50_000, 20_000));
+    let prompt = chain(1, 20);
+    assert_eq!(h.arrive(1, Some(7), &prompt, 20 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    h.complete(1);
+    assert_eq!(h.s.prefix_index_len(0), 20);
+    // Counters that grew: the same engine, its index kept.
+    h.send(snapshot(51_280, 20_000));
+    assert_eq!(h.s.prefix_index_len(0), 20);
+    assert_eq!(h.s.backend_estimates(0).restarts, 0);
+    // Backend 0 is busier (one request in flight) and still holds the prompt: it gets the
+    // follow-up, as in the test above.
+    assert_eq!(h.arrive(2, None, &chain(900, 2), 2 * BLOCK_TOKENS, false), vec![(2, 0)]);
+    // Its counters went down: a new engine process, with an empty cache.
+    h.now = 5;
+    h.send(snapshot(640, 0));
+    assert_eq!(h.s.prefix_index_len(0), 0);
+    let estimates = h.s.backend_estimates(0);
+    assert_eq!((estimates.restarts, estimates.restarted_at), (1, 5));
+    // The follow-up now costs its whole prompt on either: the idle backend takes it.
+    assert_eq!(h.arrive(3, Some(7), &chain(1, 24), 24 * BLOCK_TOKENS, false), vec![(3, 1)]);
+    assert_eq!(h.s.backend_estimates(1).restarts, 0, "the other backend's count");
+}
+
+#[test]
 fn a_request_waits_for_its_busy_backend_when_the_other_costs_more_than_the_slack() {
     let mut h = H::new(params(2, 8));
     let prompt = chain(1, 100);

@@ -71,6 +71,11 @@ impl PrefixIndex {
         self.blocks = blocks;
     }
 
+    /// Forgets every block (the backend's engine restarted), in place.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+
     /// Whether no block is held.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
@@ -117,6 +122,11 @@ mod tests {
         index.insert(&[5, 6], 2);
         assert_eq!(index.len(), 4);
         assert_eq!(index.matched(&[1, 2]), 0);
+        assert_eq!(index.matched(&[5, 6]), 2);
+        index.clear();
+        assert_eq!((index.len(), index.capacity()), (0, 4), "cleared, the same size");
+        assert_eq!(index.matched(&[5, 6]), 0);
+        index.insert(&[5, 6], 3);
         assert_eq!(index.matched(&[5, 6]), 2);
     }
 }

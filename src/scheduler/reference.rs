@@ -15,8 +15,9 @@
 //! What the scheduler learns (issue \[8\], [`super::estimate`]) is restated from its definition
 //! with plain arithmetic: tokens per byte as the two halved sums, each backend's prefill rate as
 //! the median of its last closed windows kept in a growing list, the budget's moves on each
-//! snapshot, the calibration periods of the index size, and the index rebuilt by re-inserting
-//! from the hand. The integer formulas are the definitions, so they are written out the same.
+//! snapshot, the calibration periods of the index size, the index rebuilt by re-inserting
+//! from the hand, and an engine restart (a counter that went down) as a new, empty index. The
+//! integer formulas are the definitions, so they are written out the same.
 //! [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
 //! compares every output.
 //!
@@ -108,6 +109,8 @@ struct Learned {
     period: (u64, u64, u64, bool),
     counter_seen: bool,
     index_scale: u32,
+    /// Engine restarts seen in the counters.
+    restarts: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +166,7 @@ impl Learned {
             period: (0, 0, 0, false),
             counter_seen: false,
             index_scale: estimate::INDEX_SCALE_START,
+            restarts: 0,
         }
     }
 }
@@ -324,14 +328,15 @@ impl Reference {
     }
 
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
-    /// index capacity (the ticks of each change are not restated: zero here and compared as
-    /// such by the harness after clearing them on the real side).
-    pub fn backend_estimates(&self, backend: u16) -> (u64, u64, u64, u64, u64) {
+    /// index capacity, engine restarts (the ticks of each change are not restated: the
+    /// harness compares these fields only).
+    pub fn backend_estimates(&self, backend: u16) -> (u64, u64, u64, u64, u64, u64) {
         let b = usize::from(backend);
         let rate = self.rate(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
-        (rate.0, rate.1, self.budget(backend), self.learned[b].capacity, index)
+        let l = &self.learned[b];
+        (rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts)
     }
 
     /// The tick at which the earliest timer fires.
@@ -667,7 +672,15 @@ impl Reference {
         let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);
         if queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER {
             if let Some((q0, h0)) = l.counters {
-                if queries >= q0 && hits >= h0 && queries > q0 {
+                if queries < q0 || hits < h0 {
+                    // A counter went down: a new engine process, its caches empty. The index
+                    // forgets every block and the calibration period starts again.
+                    l.restarts += 1;
+                    l.period = (0, 0, 0, false);
+                    if self.p.routing == Routing::PrefixCost {
+                        self.indexes[b] = SessionTracker::with_capacity(self.index_capacity[b]);
+                    }
+                } else if queries > q0 {
                     let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
                     l.counter_seen = true;
                     if !l.period.3 {

@@ -163,6 +163,14 @@ impl SessionTracker {
         }
     }
 
+    /// Forgets every session, in place: no allocation, the capacity kept.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.referenced.fill(0);
+        self.index.clear();
+        self.hand = 0;
+    }
+
     /// The number of sessions held.
     pub fn len(&self) -> usize {
         self.slots.len()
@@ -399,6 +407,27 @@ mod tests {
     }
 
     #[test]
+    fn clear_forgets_everything_in_place_and_the_tracker_fills_again() {
+        let mut t = SessionTracker::with_capacity(2);
+        t.complete(A, 1, 0);
+        t.complete(B, 2, 0);
+        t.complete(A, 3, 0);
+        t.complete(C, 4, 0);
+        let bytes = t.heap_bytes();
+        t.clear();
+        t.check_invariants();
+        assert_eq!((t.len(), t.capacity(), t.heap_bytes()), (0, 2, bytes));
+        assert_eq!(held(&t, &[A, B, C]), [false, false, false]);
+        // Filled again from an unreferenced start: the oldest is evicted first.
+        t.complete(B, 5, 1);
+        t.complete(C, 6, 1);
+        t.complete(A, 7, 1);
+        t.check_invariants();
+        assert_eq!(held(&t, &[A, B, C]), [true, false, true]);
+        assert_eq!(t.lookup(A), Some(Completion { at: 7, backend: 1, turns: 1 }));
+    }
+
+    #[test]
     fn lookup_does_not_change_recency() {
         let mut t = SessionTracker::with_capacity(2);
         t.complete(A, 1, 0);
@@ -514,15 +543,22 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Complete { session: u64, at: u64, backend: u16 },
+        Complete {
+            session: u64,
+            at: u64,
+            backend: u16,
+        },
         Lookup(u64),
+        /// [`SessionTracker::clear`] against a new reference tracker.
+        Clear,
     }
 
     fn op(sessions: u64) -> impl Strategy<Value = Op> {
         prop_oneof![
-            3 => (0..sessions, any::<u64>(), any::<u16>())
+            60 => (0..sessions, any::<u64>(), any::<u16>())
                 .prop_map(|(session, at, backend)| Op::Complete { session, at, backend }),
-            1 => (0..sessions).prop_map(Op::Lookup),
+            20 => (0..sessions).prop_map(Op::Lookup),
+            1 => Just(Op::Clear),
         ]
     }
 
@@ -546,6 +582,10 @@ mod tests {
                     }
                     Op::Lookup(session) => {
                         prop_assert_eq!(real.lookup(session), model.lookup(session));
+                    }
+                    Op::Clear => {
+                        real.clear();
+                        model = reference::SessionTracker::with_capacity(capacity);
                     }
                 }
                 real.check_invariants();

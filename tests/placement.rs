@@ -82,6 +82,58 @@ fn requests_go_where_their_prefix_was_sent_and_others_where_the_load_is_lowest()
     eventually_idle(&router);
 }
 
+#[test]
+fn an_engine_restart_empties_its_prefix_index_and_placement_stops_counting_on_it() {
+    let (x, y) = (Backend::start(), Backend::start());
+    for backend in [&x, &y] {
+        backend.set_prefix_counters(900_000, 300_000);
+    }
+    let router = Setup::new()
+        .model(M, &[x.address(), y.address()])
+        .model_key("routing", "\"prefix-cost\"")
+        .model_key("engine", "vllm")
+        .server("debug_headers", "true")
+        .start();
+    // Two scrapes each: the router holds both engines' counters.
+    support::eventually("two scrapes of each backend", || x.scrapes() >= 2 && y.scrapes() >= 2);
+    let system = "Summarise the operator's runbook for an engine restart, step by step. ";
+    let first = client::exchange(router.addr, &chat(system, "Step one?", Some("a")));
+    assert_eq!(first.status, 200);
+    let home = first.header("x-warmpath-backend").expect("a backend header").to_owned();
+    let (home_backend, other) = if home == x.address() { (&x, &y) } else { (&y, &x) };
+    let blocks = [("model", M), ("backend", home.as_str())];
+    let index =
+        client::metric(&client::metrics(router.admin), "warmpath_prefix_index_blocks", &blocks);
+    assert!(index.is_some_and(|n| n > 0.0), "the home backend's index holds the prompt");
+
+    // The home backend gets busier; the shared prefix still wins.
+    home_backend.hold();
+    let mut held = Conn::open(router.addr);
+    held.send(&chat(system, "Hold this one.", None));
+    home_backend.wait_holding(1);
+    let mut second = Conn::open(router.addr);
+    second.send(&chat(system, "Step two?", None));
+    home_backend.wait_holding(2);
+    assert_eq!(other.request_count(), 0);
+
+    // The home engine restarts: its counters start again from zero.
+    home_backend.set_prefix_counters(120, 0);
+    client::wait_metric(router.admin, "warmpath_backend_restarts_total", &blocks, |n| n == 1.0);
+    client::wait_metric(router.admin, "warmpath_prefix_index_blocks", &blocks, |n| n == 0.0);
+    // Its cache is gone: the same prefix costs the same on both, and the less loaded backend
+    // takes it.
+    let third = client::exchange(router.addr, &chat(system, "Step three?", None));
+    assert_eq!(third.status, 200);
+    assert_eq!(third.header("x-warmpath-backend"), Some(other.address().as_str()));
+    let other_labels = [("model", M), ("backend", &other.address()[..])];
+    let text = client::metrics(router.admin);
+    assert_eq!(client::metric(&text, "warmpath_backend_restarts_total", &other_labels), Some(0.0));
+    home_backend.release_all();
+    assert_eq!(held.response().status, 200);
+    assert_eq!(second.response().status, 200);
+    eventually_idle(&router);
+}
+
 fn eventually_idle(router: &support::router::Router) {
     support::eventually("queue and inflight back to 0", || {
         let q = client::model_queue(router.admin, M);

@@ -402,6 +402,8 @@ fn learned_json(
         "prefix_hit_ratio_predicted": predicted,
         "prefix_hit_ratio_engine": engine,
         "prefix_hit_ratio_age_ms": age(ratio_at, engine.is_some()),
+        "engine_restarts": e.restarts,
+        "engine_restart_age_ms": age(e.restarted_at, e.restarts > 0),
         "tokens_per_byte": tokens.per_byte_micro() as f64 / 1e6,
         "tokens_per_byte_samples": tokens.samples,
         "tokens_per_byte_age_ms": age(tokens.updated_at, tokens.samples > 0),

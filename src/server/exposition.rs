@@ -338,6 +338,13 @@ static FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        name: "warmpath_backend_restarts_total",
+        kind: "counter",
+        help: "Restarts of the backend's engine seen in its prefix-cache counters (a counter \
+               that went down); each empties the backend's prefix index.",
+        source: Source::Learned(|e, _| Some(e.restarts as f64)),
+    },
+    Family {
         name: "warmpath_backend_prefix_hit_ratio",
         kind: "gauge",
         help: "Share of prompt tokens found cached: predicted by the prefix index, and \

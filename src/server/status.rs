@@ -122,7 +122,7 @@ const fn column(head: &'static str, pointer: &'static str, format: Format) -> Co
 }
 
 /// The backends table, one row per entry of `/debug/backends`.
-const BACKEND_COLUMNS: [Column; 21] = [
+const BACKEND_COLUMNS: [Column; 22] = [
     column("model", "/model", Format::Text),
     column("backend", "/backend", Format::Text),
     column("state", "", Format::State),
@@ -144,6 +144,7 @@ const BACKEND_COLUMNS: [Column; 21] = [
     column("hit ratio: predicted", "/learned/prefix_hit_ratio_predicted", Format::Pct),
     column("hit ratio: engine", "/learned/prefix_hit_ratio_engine", Format::Pct),
     column("age", "/learned/prefix_hit_ratio_age_ms", Format::Ms),
+    column("engine restarts", "/learned/engine_restarts", Format::Int),
 ];
 
 /// A model's oldest waiting requests, one row per entry of its `oldest_waiting`.

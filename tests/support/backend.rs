@@ -187,6 +187,8 @@ struct State {
     metrics_mode: MetricsMode,
     waiting: u64,
     running: u64,
+    /// vLLM's prefix-cache counters (queries, hits), exported when set.
+    prefix_counters: Option<(u64, u64)>,
     health_checks: u64,
     scrapes: u64,
     resets: u64,
@@ -253,6 +255,7 @@ impl Backend {
                 metrics_mode: MetricsMode::Gauges,
                 waiting: 0,
                 running: 0,
+                prefix_counters: None,
                 health_checks: 0,
                 scrapes: 0,
                 resets: 0,
@@ -381,6 +384,12 @@ impl Backend {
     /// The `vllm:num_requests_waiting` gauge.
     pub fn set_waiting(&self, waiting: u64) {
         self.shared.lock().waiting = waiting;
+    }
+
+    /// Exports vLLM's prefix-cache counters with these values from now on (lower ones than
+    /// before: a restarted engine).
+    pub fn set_prefix_counters(&self, queries: u64, hits: u64) {
+        self.shared.lock().prefix_counters = Some((queries, hits));
     }
 
     /// The `vllm:num_requests_running` gauge.
@@ -587,6 +596,15 @@ fn metrics(wire: &mut Wire, shared: &Shared) -> io::Result<()> {
              vllm:num_requests_running{{model_name=\"m\"}} {}.0\n",
             state.waiting, state.running
         );
+        let gauges = match state.prefix_counters {
+            None => gauges,
+            Some((queries, hits)) => format!(
+                "{gauges}# TYPE vllm:prefix_cache_queries_total counter\n\
+                 vllm:prefix_cache_queries_total{{model_name=\"m\"}} {queries}.0\n\
+                 # TYPE vllm:prefix_cache_hits_total counter\n\
+                 vllm:prefix_cache_hits_total{{model_name=\"m\"}} {hits}.0\n"
+            ),
+        };
         (state.metrics_mode.clone(), gauges)
     };
     shared.notify();

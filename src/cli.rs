@@ -220,6 +220,15 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // So are the engines' key files (never printed: the output names the path).
+    for model in &config.models {
+        if let Some(path) = &model.backend_api_key_file {
+            if let Err(error) = crate::credential::read_backend_key(path) {
+                eprintln!("error: model {:?}: backend_api_key_file = {error}", model.name);
+                return ExitCode::from(2);
+            }
+        }
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(config.to_toml().as_bytes()).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! API keys and the admin token (issue \[11\]): their SHA-256 digests, the table that finds a
 //! tenant by digest, the `Authorization` header's `Bearer` and `Basic` forms, and new random
-//! tokens for `warmpath keygen`.
+//! tokens for `warmpath keygen`; and the other direction, the key warmpath presents to a model's
+//! engines ([`read_backend_key`], `backend_api_key_file`).
 //!
 //! The configuration holds digests only, never a token: a reader of the file (or of
 //! `warmpath check-config`'s output) learns nothing that authenticates. A request's token is
@@ -314,6 +315,63 @@ pub fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The `Authorization` value warmpath sends a model's engines ([`read_backend_key`]), shared by
+/// the generation, the shards and the health checks. Its `Debug` shows no byte of it, so a
+/// logged or printed structure that holds one does not leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BackendKey(std::sync::Arc<[u8]>);
+
+impl BackendKey {
+    /// The header value, `Bearer <key>`.
+    pub fn header_value(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for BackendKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackendKey(redacted)")
+    }
+}
+
+/// Longest key [`read_backend_key`] accepts.
+pub const BACKEND_KEY_BYTES_MAX: usize = 4096;
+
+/// The `Authorization` value for the engine API key in the file at `path`
+/// (`backend_api_key_file`): `Bearer <key>`, the key being the file's content without the
+/// whitespace around it (a trailing newline is usual). The key must be 1 to
+/// [`BACKEND_KEY_BYTES_MAX`] visible ASCII characters (`!` to `~`): anything else (a space, a
+/// control character, a line break inside it) could not travel in a header, or would add header
+/// lines of its own. The error names the path and what is wrong, never the content.
+pub fn read_backend_key(path: &std::path::Path) -> Result<BackendKey, String> {
+    use std::io::Read as _;
+    let shown = path.display();
+    let file = std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?;
+    let mut content = Vec::new();
+    // Read one byte past the limit (and the whitespace a key may come with), to tell a file
+    // that is too long without reading all of it.
+    let limit = BACKEND_KEY_BYTES_MAX as u64 + 64;
+    file.take(limit + 1).read_to_end(&mut content).map_err(|e| format!("{shown}: {e}"))?;
+    let key = content.trim_ascii();
+    if key.is_empty() {
+        return Err(format!("{shown}: the file holds no key"));
+    }
+    if content.len() as u64 > limit || key.len() > BACKEND_KEY_BYTES_MAX {
+        return Err(format!("{shown}: a key longer than {BACKEND_KEY_BYTES_MAX} bytes"));
+    }
+    if let Some(at) = key.iter().position(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "{shown}: byte {} of the key is not a visible ASCII character (a key is one word \
+             of `!` to `~`: no spaces, line breaks or control characters)",
+            at + 1
+        ));
+    }
+    let mut value = Vec::with_capacity(7 + key.len());
+    value.extend_from_slice(b"Bearer ");
+    value.extend_from_slice(key);
+    Ok(BackendKey(value.into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +387,40 @@ mod tests {
         let bad = format!("g{}", &abc[1..]);
         assert!(parse_hex_digest(&bad).unwrap_err().contains("another character"));
         assert!(parse_hex_digest(&format!("{}é", &abc[2..])).is_err());
+    }
+
+    #[test]
+    fn a_backend_key_file_gives_one_visible_word_and_errors_never_show_it() {
+        let path =
+            std::env::temp_dir().join(format!("warmpath-backend-key-{}", std::process::id()));
+        let read = |content: &[u8]| {
+            std::fs::write(&path, content).expect("write the key file");
+            read_backend_key(&path).map(|key| key.header_value().to_vec())
+        };
+        assert_eq!(
+            read(b"sk-engine.key_1/2+3=\n").as_deref(),
+            Ok(&b"Bearer sk-engine.key_1/2+3="[..])
+        );
+        assert_eq!(read(b"  \tk\r\n\n").as_deref(), Ok(&b"Bearer k"[..]));
+        assert!(read(b"\n \n").unwrap_err().ends_with("the file holds no key"));
+        for (content, byte) in [(&b"two words"[..], 4), (b"a\r\nX-Admin: 1", 2), (b"k\x00", 2)] {
+            let error = read(content).unwrap_err();
+            assert!(error.contains(&format!("byte {byte} of the key")), "{error}");
+            assert!(!error.contains("X-Admin") && !error.contains("words"), "{error}");
+        }
+        let non_ascii = read("clé".as_bytes()).unwrap_err();
+        assert!(non_ascii.contains("byte 3 of the key"), "{non_ascii}");
+        let longest = vec![b'k'; BACKEND_KEY_BYTES_MAX];
+        assert_eq!(read(&longest).map(|v| v.len()), Ok(7 + BACKEND_KEY_BYTES_MAX));
+        let key = read_backend_key(&path).expect("the longest key");
+        assert_eq!(format!("{key:?}"), "BackendKey(redacted)");
+        let long = vec![b'k'; BACKEND_KEY_BYTES_MAX + 1];
+        assert!(read(&long).unwrap_err().contains("longer than 4096 bytes"));
+        let huge = vec![b'k'; 1 << 20];
+        assert!(read(&huge).unwrap_err().contains("longer than 4096 bytes"));
+        std::fs::remove_file(&path).expect("remove the key file");
+        let missing = read_backend_key(&path).unwrap_err();
+        assert!(missing.starts_with(&path.display().to_string()), "{missing}");
     }
 
     #[test]

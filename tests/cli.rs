@@ -104,6 +104,34 @@ fn check_config_refuses_a_bad_file_naming_the_key() {
 }
 
 #[test]
+fn check_config_reads_the_engines_key_file_and_prints_only_its_path() {
+    let key = write_temp("engine.key", "sk-engine-secret\n");
+    let text = format!(
+        "[[model]]\nname = \"llama\"\nbackends = [\"127.0.0.1:8001\"]\n\
+         backend_api_key_file = {:?}\n",
+        key.to_str().unwrap()
+    );
+    let path = write_temp("engine-key.toml", &text);
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let printed = stdout(&output);
+    assert!(printed.contains(&format!("backend_api_key_file = {:?}", key.to_str().unwrap())));
+    assert!(!printed.contains("sk-engine-secret"), "{printed}");
+    // A key that would add a header line is refused, naming the path and never the key.
+    std::fs::write(&key, "sk-engine-secret\r\nX-Admin: yes\n").unwrap();
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let message = stderr(&output);
+    assert!(message.starts_with("error: model \"llama\": backend_api_key_file = "), "{message}");
+    assert!(message.contains("byte 17 of the key is not a visible ASCII character"), "{message}");
+    assert!(!message.contains("sk-engine") && !message.contains("X-Admin"), "{message}");
+    std::fs::remove_file(&key).unwrap();
+    let output = warmpath(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("engine.key: No such file"), "{}", stderr(&output));
+}
+
+#[test]
 fn check_config_reports_a_missing_file_with_its_path() {
     let output = warmpath(&["check-config", "/nonexistent/warmpath.toml"]);
     assert_eq!(output.status.code(), Some(2));

@@ -75,7 +75,7 @@ fn settings() -> ControlSettings {
 
 fn target(addr: String) -> Target {
     let inbox: Arc<Inbox> = Arc::new(Ring::new(16, InboxWaker::default()));
-    Target { inbox, backend: 3, addr, resolved: None, engine: Some(EngineKind::Vllm) }
+    Target { inbox, backend: 3, addr, resolved: None, engine: Some(EngineKind::Vllm), key: None }
 }
 
 fn snapshot(respond: fn(&str) -> Vec<u8>, connections: usize) -> warmpath::scheduler::Snapshot {
@@ -265,6 +265,7 @@ fn dead_backends_do_not_delay_a_healthy_ones_snapshots() {
         addr,
         resolved: None,
         engine: Some(EngineKind::Vllm),
+        key: None,
     });
     let mut settings = settings();
     settings.interval = Duration::from_millis(100);
@@ -338,6 +339,7 @@ fn a_new_plan_keeps_kept_targets_drops_removed_ones_and_adds_new_ones() {
         addr: addr.clone(),
         resolved: None,
         engine: Some(EngineKind::Vllm),
+        key: None,
     };
     let mut settings = settings();
     settings.probe.connect_timeout = Duration::from_millis(1500);
@@ -408,6 +410,7 @@ fn a_hung_name_lookup_delays_no_check() {
         addr: addr.to_owned(),
         resolved: Some(healthy),
         engine: None,
+        key: None,
     };
     let targets = vec![target(0, "slow.test:80"), target(1, &healthy.to_string())];
     let plan = Arc::new(Plan { targets, settings: settings() });
@@ -441,6 +444,7 @@ fn a_host_name_that_resolves_elsewhere_is_reported_moved() {
             addr: addr.to_owned(),
             resolved: Some(resolved),
             engine: None,
+            key: None,
         };
         let plan = Arc::new(Plan { targets: vec![target], settings: settings() });
         let mut prober = Prober::new(plan, clock.rate(), clock.now()).expect("a prober");

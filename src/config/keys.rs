@@ -85,7 +85,7 @@ pub(crate) const SECTIONS: &[&str] =
 
 /// Keys of `[[model]]` (besides its `queue` table), in documentation order.
 pub(crate) const MODEL_KEYS: &[&str] =
-    &["name", "upstream_model", "engine", "routing", "backends", "queue"];
+    &["name", "upstream_model", "backend_api_key_file", "engine", "routing", "backends", "queue"];
 
 /// A value before it is typed.
 #[derive(Debug, Clone, Copy)]
@@ -263,6 +263,7 @@ impl ModelConfig {
         match key {
             "name" => self.name = string(raw)?,
             "upstream_model" => self.upstream_model = Some(string(raw)?),
+            "backend_api_key_file" => self.backend_api_key_file = optional_path(raw)?,
             "engine" => self.engine = named(raw, Engine::ALL, Engine::name)?,
             "routing" => self.routing = named(raw, Routing::ALL, Routing::name)?,
             "backends" => self.backends = string_list(raw)?,

@@ -263,6 +263,10 @@ pub struct ModelConfig {
     pub name: String,
     /// When set, the body's `"model"` value is rewritten to this in place.
     pub upstream_model: Option<String>,
+    /// A file holding the API key the model's engines require (vLLM's and SGLang's
+    /// `--api-key`): sent as `Authorization: Bearer` on every request to them, in place of the
+    /// client's; read at start and at every reload, never printed.
+    pub backend_api_key_file: Option<std::path::PathBuf>,
     /// Which metrics the control thread scrapes.
     pub engine: Engine,
     /// S7 backend choice.
@@ -476,6 +480,7 @@ impl ModelConfig {
         ModelConfig {
             name: name.into(),
             upstream_model: None,
+            backend_api_key_file: None,
             engine: Engine::default(),
             routing: Routing::default(),
             backends,

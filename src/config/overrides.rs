@@ -3,7 +3,8 @@
 //!
 //! Keys: `server.K`, `upstream.K`, `rate_limit.K`, `queue.K` (the default **and** every
 //! model's effective queue, like an environment variable), `model.NAME.K` (`name`,
-//! `upstream_model`, `engine`, `routing`, `backends` as comma-separated text) and
+//! `upstream_model`, `backend_api_key_file`, `engine`, `routing`, `backends` as comma-separated
+//! text) and
 //! `model.NAME.queue.K`; `[[tenant]]` tables come from the file only. Order: `--listen`,
 //! `--admin-listen`, then every `--set` that is not per model, in command-line order, then the
 //! per-model ones, in command-line order; so a per-model `--set` beats a `queue.K` one. A model

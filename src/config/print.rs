@@ -181,6 +181,9 @@ fn model(out: &mut String, model: &ModelConfig) {
     if let Some(upstream_model) = &model.upstream_model {
         line(out, "upstream_model", string(upstream_model));
     }
+    if let Some(path) = &model.backend_api_key_file {
+        line(out, "backend_api_key_file", string(&path.to_string_lossy()));
+    }
     line(out, "engine", string(model.engine.name()));
     line(out, "routing", string(model.routing.name()));
     let backends: Vec<String> = model.backends.iter().map(|backend| string(backend)).collect();

@@ -17,6 +17,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::clock::{Clock, Tick};
+use crate::credential::BackendKey;
 use crate::protocol::{
     parse_response_head, ChunkedDecoder, ChunkedLimits, ProtocolError, ResponseFraming, Side,
 };
@@ -62,15 +63,21 @@ impl std::fmt::Display for ProbeError {
 }
 
 /// Replaces `out` with the request `GET path` to `addr` (`host:port`, sent as `Host`), asking
-/// the server to close the connection after its answer.
-pub fn write_request(out: &mut Vec<u8>, addr: &str, path: &str) {
+/// the server to close the connection after its answer; with the engine's API key
+/// (`backend_api_key_file`) when it has one.
+pub fn write_request(out: &mut Vec<u8>, addr: &str, path: &str, key: Option<&BackendKey>) {
     out.clear();
     // Writing into a Vec cannot fail.
     let _ = write!(
         out,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: warmpath\r\nAccept: text/plain\r\n\
-         Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: warmpath\r\nAccept: text/plain\r\n"
     );
+    if let Some(key) = key {
+        out.extend_from_slice(b"Authorization: ");
+        out.extend_from_slice(key.header_value());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
 }
 
 /// Where a [`Response`] is.
@@ -266,7 +273,7 @@ pub fn get(
     let deadline = clock.now().saturating_add(clock.rate().ticks(limits.exchange_timeout));
     let mut conn = Conn { stream: &mut stream, clock, deadline };
     let mut request = Vec::new();
-    write_request(&mut request, addr, path);
+    write_request(&mut request, addr, path, None);
     conn.arm()?;
     conn.stream.write_all(&request).map_err(ProbeError::Io)?;
     let mut response = Response::new();
@@ -388,9 +395,18 @@ mod tests {
     #[test]
     fn the_request_names_host_and_path_and_asks_to_close() {
         let mut out = b"stale".to_vec();
-        write_request(&mut out, "10.0.0.1:8000", "/metrics");
+        write_request(&mut out, "10.0.0.1:8000", "/metrics", None);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("GET /metrics HTTP/1.1\r\nHost: 10.0.0.1:8000\r\n"), "{text}");
         assert!(text.ends_with("Connection: close\r\n\r\n"), "{text}");
+        assert!(!text.contains("Authorization"), "{text}");
+        let path = std::env::temp_dir().join(format!("warmpath-probe-key-{}", std::process::id()));
+        std::fs::write(&path, "sk-engine\n").unwrap();
+        let key = crate::credential::read_backend_key(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut out = Vec::new();
+        write_request(&mut out, "10.0.0.1:8000", "/health", Some(&key));
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("Authorization: Bearer sk-engine\r\nConnection: close\r\n\r\n"));
     }
 }

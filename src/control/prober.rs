@@ -490,7 +490,7 @@ impl Slots {
             Step::Health => settings.health_path.as_str(),
             Step::Metrics => "/metrics",
         };
-        write_request(&mut slot.request, &target.addr, path);
+        write_request(&mut slot.request, &target.addr, path, target.key.as_ref());
         slot.written = 0;
         slot.head.clear();
         slot.body.clear();

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::UpstreamConfig;
+use crate::credential::BackendKey;
 use crate::ring::{InboxWaker, Ring};
 use crate::scheduler::{Input, Snapshot};
 
@@ -43,6 +44,8 @@ pub struct Target {
     pub resolved: Option<SocketAddr>,
     /// Whose metrics to read; `None` for engines without metrics (`engine = "openai"`).
     pub engine: Option<EngineKind>,
+    /// The `Authorization` the engine requires (`backend_api_key_file`), sent with the checks.
+    pub key: Option<BackendKey>,
 }
 
 /// What the thread needs of the configuration.

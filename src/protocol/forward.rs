@@ -11,8 +11,10 @@
 //!   chunks, possibly rewritten): upstream bodies are always sent with a length;
 //! - `Expect`: the router has read the whole body before forwarding, so a backend's
 //!   `100 Continue` would only be noise;
-//! - `Authorization`, when [`ForwardInfo::strip_authorization`] says so: the header carried
-//!   the router's own API key (issue \[11\]), which an engine must not see (nor log).
+//! - `Authorization`, when [`ForwardInfo::authorization`] says so: the header carried the
+//!   router's own API key (issue \[11\]), which an engine must not see (nor log); or the
+//!   model's engines take a key of their own (`backend_api_key_file`), which is sent in its
+//!   place, after the client's other fields.
 //!
 //! `Host` is kept (and added, as `ForwardInfo::default_host`, for an HTTP/1.0 client that sent
 //! none, since the forwarded request is HTTP/1.1). The client address is appended to the last
@@ -36,8 +38,19 @@ pub struct ForwardInfo<'a> {
     pub default_host: &'a [u8],
     /// The length of the body that follows the head.
     pub body_len: u64,
-    /// Leave out `Authorization` (it held a key of the router's tenants).
-    pub strip_authorization: bool,
+    /// What becomes of the client's `Authorization`.
+    pub authorization: Authorization<'a>,
+}
+
+/// The `Authorization` a forwarded request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authorization<'a> {
+    /// The client's, as sent (no tenants, no engine key: the engines' own keys apply).
+    Forward,
+    /// None: the client's held a key of the router's tenants.
+    Strip,
+    /// This value (`Bearer <the engine's key>`), in place of the client's.
+    Set(&'a [u8]),
 }
 
 /// Appends the head of `head` (parsed from `buf`) as sent to a backend.
@@ -63,7 +76,8 @@ pub fn write_upstream_head(
         if hop_by_hop.contains(name)
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
-            || extra.strip_authorization && name.eq_ignore_ascii_case(b"authorization")
+            || extra.authorization != Authorization::Forward
+                && name.eq_ignore_ascii_case(b"authorization")
         {
             continue;
         }
@@ -87,6 +101,9 @@ pub fn write_upstream_head(
     if head.request_id.is_none() {
         write_header(out, b"X-Request-ID", extra.request_id);
     }
+    if let Authorization::Set(value) = extra.authorization {
+        write_header(out, b"Authorization", value);
+    }
     if head.framing != Framing::None || extra.body_len > 0 {
         out.extend_from_slice(b"Content-Length: ");
         write_decimal(out, extra.body_len);
@@ -109,17 +126,17 @@ mod tests {
     use crate::protocol::{parse_request_head, Limits};
 
     fn forward(req: &[u8], body_len: u64) -> String {
-        forward_with(req, body_len, false)
+        forward_with(req, body_len, Authorization::Forward)
     }
 
-    fn forward_with(req: &[u8], body_len: u64, strip_authorization: bool) -> String {
+    fn forward_with(req: &[u8], body_len: u64, authorization: Authorization<'_>) -> String {
         let head = parse_request_head(req, &Limits::default()).unwrap().unwrap();
         let info = ForwardInfo {
             client_addr: "10.0.0.9".parse().unwrap(),
             request_id: b"gen-1",
             default_host: b"b:80",
             body_len,
-            strip_authorization,
+            authorization,
         };
         let mut out = Vec::new();
         write_upstream_head(&head, req, &mut out, &info);
@@ -143,11 +160,30 @@ x-forwarded-for: 1.2.3.4, 10.0.0.9\r\nX-Request-ID: gen-1\r\nContent-Length: 12\
     fn a_tenant_s_authorization_is_not_forwarded() {
         let req = b"POST /v1/x HTTP/1.1\r\nHost: h\r\nauthorization: Bearer wp_k\r\nX-A: 1\r\n\r\n";
         assert_eq!(
-            forward_with(req, 2, true),
+            forward_with(req, 2, Authorization::Strip),
             "POST /v1/x HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-Forwarded-For: 10.0.0.9\r\n\
 X-Request-ID: gen-1\r\nContent-Length: 2\r\n\r\n"
         );
-        assert!(forward_with(req, 2, false).contains("authorization: Bearer wp_k\r\n"));
+        assert!(
+            forward_with(req, 2, Authorization::Forward).contains("authorization: Bearer wp_k\r\n")
+        );
+    }
+
+    #[test]
+    fn an_engine_key_replaces_whatever_the_client_sent() {
+        let key = Authorization::Set(b"Bearer sk-engine");
+        let req = b"POST /v1/x HTTP/1.1\r\nHost: h\r\nauthorization: Bearer wp_k\r\n\
+Authorization: Basic YTpi\r\nX-A: 1\r\n\r\n";
+        assert_eq!(
+            forward_with(req, 2, key),
+            "POST /v1/x HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-Forwarded-For: 10.0.0.9\r\n\
+X-Request-ID: gen-1\r\nAuthorization: Bearer sk-engine\r\nContent-Length: 2\r\n\r\n"
+        );
+        // A client that sent none gets it too; a Connection listing cannot remove it.
+        let bare = b"GET /v1/models HTTP/1.1\r\nHost: h\r\nConnection: Authorization\r\n\r\n";
+        let forwarded = forward_with(bare, 0, key);
+        assert_eq!(forwarded.matches("Authorization").count(), 1, "{forwarded}");
+        assert!(forwarded.contains("\r\nAuthorization: Bearer sk-engine\r\n"), "{forwarded}");
     }
 
     #[test]

@@ -598,7 +598,7 @@ fn start_body(
         request_id: b"id",
         default_host: b"b:1",
         body_len: 3,
-        strip_authorization: false,
+        authorization: super::forward::Authorization::Forward,
     };
     write_upstream_head(head, buf, &mut forwarded, &info);
     let relaxed = Limits {

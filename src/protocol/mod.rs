@@ -57,7 +57,7 @@ pub mod harness;
 
 pub use chunked::{ChunkedDecoder, ChunkedEncoder, ChunkedLimits, Passed, Progress};
 pub use error::{ErrorKind, ModelError, ProtocolError, Side};
-pub use forward::{write_upstream_head, ForwardInfo};
+pub use forward::{write_upstream_head, Authorization, ForwardInfo};
 pub use json::{find_model, rewrite_model, write_json_string, BodyFields, FieldValue, ModelField};
 pub use prompt::{find_model_and_prompt, scan_body, Ends, PromptHasher};
 pub use relay::{BodyProgress, BodyRelay};

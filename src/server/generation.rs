@@ -28,7 +28,7 @@ use crate::config::{self, Config, ModelConfig, Setting, Strategy, TenantConfig, 
 use crate::control::prober::{is_host_name, moved_to, Resolver};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
-use crate::credential::{Digest, KeyTable};
+use crate::credential::{read_backend_key, BackendKey, Digest, KeyTable};
 use crate::protocol::Limits;
 use crate::ring::prompt_pool::PromptPool;
 use crate::ring::{InboxWaker, Ring};
@@ -80,6 +80,9 @@ pub struct Model {
     pub config: ModelConfig,
     /// The in-place rewrite of `"model"`: `upstream_model` as a JSON string token.
     pub upstream_model_json: Option<Vec<u8>>,
+    /// The `Authorization` its engines require (`backend_api_key_file`, read when this
+    /// generation was built), sent in place of the client's.
+    pub backend_key: Option<BackendKey>,
     /// The session header, lowercase.
     pub session_header: String,
     /// Issue \[10\]: where a request's session identity comes from, in order (the first present
@@ -263,6 +266,7 @@ impl Generation {
                         addr: backend.authority.clone(),
                         resolved: Some(backend.addr),
                         engine: EngineKind::for_engine(model.config.engine),
+                        key: model.backend_key.clone(),
                     });
                 }
             }
@@ -374,6 +378,7 @@ fn new_model(
         name: model.name.clone(),
         config: model.clone(),
         upstream_model_json: None,
+        backend_key: None,
         session_header: String::new(),
         session_sources: Vec::new(),
         backends,
@@ -453,6 +458,14 @@ fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> 
         crate::protocol::write_json_string(name, &mut json);
         json
     });
+    // Read at every generation, so that a reload takes a rotated key.
+    model.backend_key =
+        match &config.backend_api_key_file {
+            Some(path) => Some(read_backend_key(path).map_err(|error| {
+                format!("model {:?}: backend_api_key_file = {error}", model.name)
+            })?),
+            None => None,
+        };
     model.session_header = config.queue.session_header.to_ascii_lowercase();
     model.backends.iter_mut().for_each(|b| b.live = false);
     for authority in &config.backends {

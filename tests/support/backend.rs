@@ -189,6 +189,8 @@ struct State {
     running: u64,
     /// vLLM's prefix-cache counters (queries, hits), exported when set.
     prefix_counters: Option<(u64, u64)>,
+    /// The `Authorization` values of the health checks and scrapes, in arrival order.
+    probe_authorizations: Vec<Option<String>>,
     health_checks: u64,
     scrapes: u64,
     resets: u64,
@@ -256,6 +258,7 @@ impl Backend {
                 waiting: 0,
                 running: 0,
                 prefix_counters: None,
+                probe_authorizations: Vec::new(),
                 health_checks: 0,
                 scrapes: 0,
                 resets: 0,
@@ -395,6 +398,11 @@ impl Backend {
     /// The `vllm:num_requests_running` gauge.
     pub fn set_running(&self, running: u64) {
         self.shared.lock().running = running;
+    }
+
+    /// The `Authorization` values of the health checks and scrapes so far, in arrival order.
+    pub fn probe_authorizations(&self) -> Vec<Option<String>> {
+        self.shared.lock().probe_authorizations.clone()
     }
 
     /// `GET /health` requests served.
@@ -551,6 +559,12 @@ fn serve_request(wire: &mut Wire, head: Head, conn: u64, shared: &Arc<Shared>) -
         Ok(body) => body,
         Err(_) => return End::PeerClosed,
     };
+    let probe =
+        matches!((head.method.as_str(), head.target.as_str()), ("GET", "/health" | "/metrics"));
+    if probe {
+        let authorization = wire::header(&head.headers, "authorization").map(str::to_owned);
+        shared.lock().probe_authorizations.push(authorization);
+    }
     let written = match (head.method.as_str(), head.target.as_str()) {
         ("GET", "/health") => health(wire, shared),
         ("GET", "/metrics") => metrics(wire, shared),

@@ -12,8 +12,8 @@ use slab::Slab;
 
 use crate::clock::Tick;
 use crate::protocol::{
-    parse_response_head_into, write_client_response_head, write_upstream_head, BodyRelay,
-    ClientInfo, ForwardInfo, RelayPlan, ResponseFraming, ResponseHead,
+    parse_response_head_into, write_client_response_head, write_upstream_head, Authorization,
+    BodyRelay, ClientInfo, ForwardInfo, RelayPlan, ResponseFraming, ResponseHead,
 };
 use crate::scheduler::{Input, Lane};
 use crate::server::metrics::UpstreamError;
@@ -297,8 +297,13 @@ impl Upstreams {
             request_id,
             default_host: backend.authority.as_bytes(),
             body_len: body_len as u64,
-            // Issue [11]: a tenant's key is the router's business, not the engine's.
-            strip_authorization: req.tenant != crate::server::generation::NO_TENANT,
+            // The engines' own key, if they take one, in place of the client's; else, issue
+            // [11]: a tenant's key is the router's business, not the engine's.
+            authorization: match &m.backend_key {
+                Some(key) => Authorization::Set(key.header_value()),
+                None if req.tenant != crate::server::generation::NO_TENANT => Authorization::Strip,
+                None => Authorization::Forward,
+            },
         };
         write_upstream_head(&req.head, &c.rbuf, &mut head, &info);
         let was_head = req.is_head(&c.rbuf);

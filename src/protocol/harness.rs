@@ -585,7 +585,11 @@ fn process(buf: &mut Vec<u8>, conn: &mut Conn, events: &mut Vec<Event>, limits: 
     }
 }
 
-/// Records a head, forwards it, and sets up reading its body.
+/// The engine key a head of odd length is forwarded with (`backend_api_key_file`).
+const ENGINE_KEY: &[u8] = b"Bearer sk-engine";
+
+/// Records a head, forwards it (with the engine key in place of the client's `Authorization`
+/// when its length is odd), and sets up reading its body.
 fn start_body(
     head: &super::RequestHead,
     buf: &[u8],
@@ -593,12 +597,16 @@ fn start_body(
     limits: &Limits,
 ) -> Conn {
     let mut forwarded = Vec::new();
+    let engine_key = head.head_len % 2 == 1;
     let info = ForwardInfo {
         client_addr: [10, 0, 0, 1].into(),
         request_id: b"id",
         default_host: b"b:1",
         body_len: 3,
-        authorization: super::forward::Authorization::Forward,
+        authorization: match engine_key {
+            true => super::forward::Authorization::Set(ENGINE_KEY),
+            false => super::forward::Authorization::Forward,
+        },
     };
     write_upstream_head(head, buf, &mut forwarded, &info);
     let relaxed = Limits {
@@ -612,6 +620,13 @@ fn start_body(
             assert_eq!(again.head_len, forwarded.len());
             assert_eq!(again.framing, Framing::ContentLength(3));
             assert_eq!(again.session_id(&forwarded), head.session_id(buf));
+            if engine_key {
+                let authorizations: Vec<&[u8]> = (again.headers.as_slice().iter())
+                    .filter(|h| h.name.get(&forwarded).eq_ignore_ascii_case(b"authorization"))
+                    .map(|h| h.value.get(&forwarded))
+                    .collect();
+                assert_eq!(authorizations, [ENGINE_KEY], "the engine key, alone");
+            }
         }
         Err(e) if e.kind() == ErrorKind::TooManyHeaders => {}
         other => {

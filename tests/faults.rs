@@ -98,6 +98,55 @@ fn a_backend_that_accepts_and_never_answers_is_a_502_after_the_header_timeout() 
     ledger.settle(router.admin);
 }
 
+/// A backend that goes silent in the middle of a stream (a hung engine): after
+/// `upstream.read_timeout` without a byte the stream is cut and the slot released, as when the
+/// backend dies; a stream that is slow but steady, longer in all than the timeout, is not.
+#[test]
+fn a_stream_silent_for_the_read_timeout_is_cut_and_a_slow_steady_one_is_not() {
+    let backend = Backend::start();
+    backend.set_default(Reply::Stream);
+    let router = setup(&[backend.address()]).upstream("read_timeout", "1s").start();
+    let mut ledger = Ledger::new();
+
+    // An event every 150 ms for 1.8 s: no silence reaches the timeout.
+    let mut steady = Conn::open(router.addr);
+    steady.send(&chat_request(M, None, true));
+    ledger.sent();
+    let stream = backend.next_stream();
+    stream.event("0");
+    let head = steady.read_head().expect("a response head");
+    ledger.answered(head.status);
+    for i in 1..12 {
+        std::thread::sleep(Duration::from_millis(150));
+        stream.event(&i.to_string());
+    }
+    stream.done();
+    let mut events = Vec::new();
+    while let Some(event) = steady.next_event().expect("the whole stream") {
+        events.push(event);
+    }
+    assert_eq!(events.len(), 13, "twelve events and [DONE]: {events:?}");
+    client::wait_idle(router.admin, M);
+
+    // One event, then nothing: cut after the timeout.
+    let mut silent = Conn::open(router.addr);
+    silent.send(&chat_request(M, None, true));
+    ledger.sent();
+    let stream = backend.next_stream();
+    stream.event("one");
+    let head = silent.read_head().expect("a response head");
+    ledger.answered(head.status);
+    assert_eq!(silent.next_event().unwrap().as_deref(), Some("data: one"));
+    let end = silent.next_event();
+    assert!(end.is_err(), "the stream ends without its last chunk: {end:?}");
+    assert!(silent.closed_within(PATIENCE), "the client connection is closed");
+    client::wait_idle(router.admin, M);
+    let labels = [("model", M), ("kind", "timeout")];
+    client::wait_metric(router.admin, "warmpath_upstream_errors_total", &labels, |n| n == 1.0);
+    drop(stream);
+    ledger.settle(router.admin);
+}
+
 /// A backend that refuses connections: its requests are retried on the other backend, it is
 /// passively ejected after `eject_after_failures` refusals, and it comes back (restarted on the
 /// same port) once a health check passes again.

@@ -64,6 +64,7 @@ pub(crate) const QUEUE_KEYS: &[&str] = &[
 pub(crate) const UPSTREAM_KEYS: &[&str] = &[
     "connect_timeout",
     "header_timeout",
+    "read_timeout",
     "max_retries",
     "max_idle_per_backend",
     "metrics_interval",
@@ -245,6 +246,7 @@ impl UpstreamConfig {
         match key {
             "connect_timeout" => self.connect_timeout = duration(raw)?,
             "header_timeout" => self.header_timeout = duration(raw)?,
+            "read_timeout" => self.read_timeout = duration(raw)?,
             "max_retries" => self.max_retries = unsigned(raw)?,
             "max_idle_per_backend" => self.max_idle_per_backend = unsigned(raw)?,
             "metrics_interval" => self.metrics_interval = duration(raw)?,

@@ -241,6 +241,9 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// Time from sending a request to receiving the response head.
     pub header_timeout: Duration,
+    /// After the response head, the longest a backend may go without sending a byte while
+    /// its response is unfinished (a hung engine); the response is then cut.
+    pub read_timeout: Duration,
     /// Retries of a request that failed before any byte was relayed (SPEC 2.8).
     pub max_retries: u32,
     /// Idle keep-alive connections kept per backend, per shard.
@@ -428,6 +431,7 @@ impl Default for UpstreamConfig {
         UpstreamConfig {
             connect_timeout: Duration::from_secs(3),
             header_timeout: Duration::from_secs(600),
+            read_timeout: Duration::from_secs(300),
             max_retries: 2,
             max_idle_per_backend: 64,
             metrics_interval: Duration::from_secs(1),

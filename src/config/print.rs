@@ -167,6 +167,7 @@ fn upstream(out: &mut String, upstream: &UpstreamConfig) {
     out.push_str("\n[upstream]\n");
     line(out, "connect_timeout", duration(upstream.connect_timeout));
     line(out, "header_timeout", duration(upstream.header_timeout));
+    line(out, "read_timeout", duration(upstream.read_timeout));
     line(out, "max_retries", upstream.max_retries);
     line(out, "max_idle_per_backend", upstream.max_idle_per_backend);
     line(out, "metrics_interval", duration(upstream.metrics_interval));

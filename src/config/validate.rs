@@ -158,6 +158,7 @@ fn upstream(upstream: &UpstreamConfig) -> Check {
     let s = "upstream.";
     nonzero(s, "connect_timeout", upstream.connect_timeout)?;
     nonzero(s, "header_timeout", upstream.header_timeout)?;
+    nonzero(s, "read_timeout", upstream.read_timeout)?;
     range(s, "max_retries", upstream.max_retries, 0, 64)?;
     range(s, "max_idle_per_backend", upstream.max_idle_per_backend, 0, 65_536)?;
     nonzero(s, "metrics_interval", upstream.metrics_interval)?;
@@ -680,6 +681,8 @@ mod tests {
         );
         assert!(refused(|c| c.upstream.header_timeout = Duration::ZERO)
             .starts_with("upstream.header_timeout"));
+        assert!(refused(|c| c.upstream.read_timeout = Duration::ZERO)
+            .starts_with("upstream.read_timeout = \"0s\": must be greater than zero"));
         assert!(refused(|c| c.upstream.metrics_interval = Duration::ZERO)
             .starts_with("upstream.metrics_interval"));
         let message = refused(|c| c.upstream.metrics_stale_after = Duration::from_millis(500));

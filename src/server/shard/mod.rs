@@ -267,6 +267,7 @@ struct Timeouts {
     idle: Tick,
     connect: Tick,
     upstream_header: Tick,
+    upstream_read: Tick,
 }
 
 impl Timeouts {
@@ -278,6 +279,7 @@ impl Timeouts {
             idle: rate.ticks(server.idle_timeout),
             connect: rate.ticks(upstream.connect_timeout),
             upstream_header: rate.ticks(upstream.header_timeout),
+            upstream_read: rate.ticks(upstream.read_timeout),
         }
     }
 }

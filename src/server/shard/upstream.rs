@@ -2,6 +2,14 @@
 //! keep-alive pools, forwarding admitted requests over pooled or new connections, relaying
 //! responses as they arrive, retries and failures (SPEC 2.6-2.9). An exchange's client side is
 //! [`Clients`]': the relay writes into the client's buffer and hands the flush to it.
+//!
+//! A busy connection has one timer: `connect_timeout` while connecting, `header_timeout` from
+//! the request's send until the response head, and after the head, when the response goes on,
+//! `read_timeout` of silence. The last is checked lazily: a read only notes its tick
+//! (`Upstream::last_read`), and the timer, when it fires, either finds the backend silent for
+//! `read_timeout` (a hung engine: the response is cut, as when a backend dies mid-stream) or
+//! moves to `read_timeout` after the last read. A connection paused for a slow client is not
+//! silent: the client is.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -67,6 +75,8 @@ struct Upstream {
     /// Stopped reading because the client's buffer is full.
     paused: bool,
     request_was_head: bool,
+    /// When the last read brought bytes (the `read_timeout` check, module doc).
+    last_read: Tick,
 }
 
 impl Upstream {
@@ -93,6 +103,7 @@ impl Upstream {
             got_bytes: false,
             paused: false,
             request_was_head: false,
+            last_read: 0,
         }
     }
 
@@ -424,7 +435,17 @@ impl Upstreams {
                 self.failed(up, Failure::Fatal(UpstreamError::Timeout), clients, cx);
             }
             UpState::Idle => self.close(up, cx),
-            UpState::Busy => {}
+            UpState::Busy => {
+                // After the head: silent for `read_timeout` (module doc)?
+                let now = cx.now();
+                let since = if u.paused { now } else { u.last_read };
+                let deadline = since.saturating_add(cx.timeouts.upstream_read);
+                if deadline <= now {
+                    self.failed(up, Failure::Fatal(UpstreamError::Timeout), clients, cx);
+                } else {
+                    self.set_timer(up, Some(deadline), cx);
+                }
+            }
         }
     }
 
@@ -515,6 +536,7 @@ impl Upstreams {
                 Ok(_) if u.state == UpState::Idle => return self.close(up, cx),
                 Ok(n) => {
                     u.rlen += n;
+                    u.last_read = cx.now();
                     self.relay(up, clients, cx);
                     let (busy, hup) = match self.conns.get(up) {
                         Some(u) => (u.state == UpState::Busy, u.hup),
@@ -626,8 +648,15 @@ impl Upstreams {
                 true => self.return_to_pool(up, cx),
                 false => self.close(up, cx),
             }
-        } else if c.wbuf.len() - c.wpos >= CLIENT_HIGH_WATER {
-            u.paused = true;
+        } else {
+            if head_now {
+                // The response goes on: from now its silences are timed (module doc).
+                let deadline = u.last_read.saturating_add(cx.timeouts.upstream_read);
+                cx.set_timer(&mut u.timer, Owner::Upstream(up), Some(deadline));
+            }
+            if c.wbuf.len() - c.wpos >= CLIENT_HIGH_WATER {
+                u.paused = true;
+            }
         }
         if first_byte {
             if let Some(a) = req.admission {

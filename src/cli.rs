@@ -229,6 +229,9 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
             }
         }
     }
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(config.to_toml().as_bytes()).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -545,6 +545,25 @@ impl Config {
         validate::config(self)
     }
 
+    /// What is valid but likely not meant, one line each (printed at start, at each reload and
+    /// by `check-config`): a model whose engines take a key from `backend_api_key_file` while
+    /// no tenant is configured, so that anyone who reaches the main listener uses that key.
+    pub fn warnings(&self) -> Vec<String> {
+        if !self.tenants.is_empty() {
+            return Vec::new();
+        }
+        let keyed = self.models.iter().filter(|m| m.backend_api_key_file.is_some());
+        keyed
+            .map(|m| {
+                format!(
+                    "model {:?}: backend_api_key_file is set and no [[tenant]] is configured: \
+                     anyone who reaches server.listen ({}) uses its engines with that key",
+                    m.name, self.server.listen
+                )
+            })
+            .collect()
+    }
+
     /// The configuration as a TOML document that loads back to an equal `Config`, with every
     /// key written out, including each model's whole effective queue table.
     pub fn to_toml(&self) -> String {

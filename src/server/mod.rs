@@ -324,6 +324,9 @@ pub fn start_with(
     let control_settings = ControlSettings::from_config(&config.upstream);
     let (generation, new_hosts) = Generation::build(1, config, None, &clock, &rings, resolver)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    for warning in generation.config.warnings() {
+        eprintln!("warmpath: warning: {warning}");
+    }
     let mut hosted: Vec<Vec<(u16, ShardHost)>> = (0..shard_count).map(|_| Vec::new()).collect();
     for new in new_hosts {
         hosted[new.home].push((new.model, new.host));

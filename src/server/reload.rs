@@ -90,6 +90,9 @@ fn try_reload(shared: &Shared) -> Result<u64, String> {
     for warning in kept {
         eprintln!("warmpath: reload: {warning}");
     }
+    for warning in generation.config.warnings() {
+        eprintln!("warmpath: reload: warning: {warning}");
+    }
     install(shared, generation, hosts);
     Ok(number)
 }

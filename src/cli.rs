@@ -174,6 +174,10 @@ fn serve(args: &ServeArgs) -> ExitCode {
         overrides: overrides.clone(),
         env: process_env,
     });
+    if let (_, Some(warning)) = crate::server::raise_open_file_limit(config.server.max_connections)
+    {
+        eprintln!("warmpath: warning: {warning}");
+    }
     let running = match crate::server::start_with_source(config, source, Clock::real()) {
         Ok(running) => running,
         Err(error) => {

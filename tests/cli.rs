@@ -119,10 +119,8 @@ fn check_config_reads_the_engines_key_file_and_prints_only_its_path() {
         "warning: model \"llama\": backend_api_key_file is set and no [[tenant]] is configured: \
          anyone who reaches server.listen (127.0.0.1:8080) uses its engines with that key\n"
     );
-    let with_tenant = format!(
-        "{text}[[tenant]]\nname = \"t\"\napi_key_sha256 = [\"{}\"]\n",
-        "0".repeat(64)
-    );
+    let with_tenant =
+        format!("{text}[[tenant]]\nname = \"t\"\napi_key_sha256 = [\"{}\"]\n", "0".repeat(64));
     let tenant_path = write_temp("engine-key-tenant.toml", &with_tenant);
     let output = warmpath(&["check-config", tenant_path.to_str().unwrap()]);
     assert_eq!((output.status.code(), stderr(&output)), (Some(0), String::new()));

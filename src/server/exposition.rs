@@ -418,6 +418,13 @@ static FAMILIES: &[Family] = &[
         source: Source::Shards(|s| &s.refused),
     },
     Family {
+        name: "warmpath_accept_errors_total",
+        kind: "counter",
+        help: "accept() calls that failed (EMFILE: the open-file limit; ENFILE): connections \
+               wait in the listen queue until a connection closes or 100 ms pass.",
+        source: Source::Shards(|s| &s.accept_errors),
+    },
+    Family {
         name: "warmpath_tls_errors_total",
         kind: "counter",
         help: "TLS connections closed on a TLS error: a failed handshake, bytes that are not \

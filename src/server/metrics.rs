@@ -363,6 +363,9 @@ pub struct ShardMetrics {
     pub accepted: AtomicU64,
     /// Client connections refused at `max_connections`.
     pub refused: AtomicU64,
+    /// `accept` calls that failed (EMFILE, ENFILE, ...): connections left waiting in the listen
+    /// queue until a retry.
+    pub accept_errors: AtomicU64,
     /// Open client connections (a gauge the shard stores).
     pub open: AtomicU64,
     /// Bytes of request bodies held while queued (a gauge).
@@ -388,6 +391,7 @@ impl ShardMetrics {
             other_status: (0..STATUS_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
             open: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
             clients_gone: AtomicU64::new(0),
@@ -419,16 +423,29 @@ impl ShardMetrics {
             copy(to, from);
         }
         let scalars = |m: &ShardMetrics| {
-            [&m.accepted, &m.refused, &m.open, &m.buffered, &m.clients_gone, &m.tls_errors]
-                .map(|a| a.load(Ordering::Relaxed))
+            [
+                &m.accepted,
+                &m.refused,
+                &m.accept_errors,
+                &m.open,
+                &m.buffered,
+                &m.clients_gone,
+                &m.tls_errors,
+            ]
+            .map(|a| a.load(Ordering::Relaxed))
         };
         let values = scalars(self);
-        let (g, tls_errors) = (&grown, &grown.tls_errors);
-        for (to, value) in
-            [&g.accepted, &g.refused, &g.open, &g.buffered, &g.clients_gone, tls_errors]
-                .into_iter()
-                .zip(values)
-        {
+        let g = &grown;
+        let to = [
+            &g.accepted,
+            &g.refused,
+            &g.accept_errors,
+            &g.open,
+            &g.buffered,
+            &g.clients_gone,
+            &g.tls_errors,
+        ];
+        for (to, value) in to.into_iter().zip(values) {
             to.store(value, Ordering::Relaxed);
         }
         grown

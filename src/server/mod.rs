@@ -292,6 +292,42 @@ pub fn start(config: Config, clock: Clock) -> io::Result<Running> {
     start_with_source(config, None, clock)
 }
 
+/// The most descriptors [`raise_open_file_limit`] asks for: Linux's default `fs.nr_open`, the
+/// ceiling of any process's limit unless the system raised it.
+const OPEN_FILES_CEILING: u64 = 1 << 20;
+
+/// Raises this process's soft open-file limit (`RLIMIT_NOFILE`) to its hard limit (at most
+/// [`OPEN_FILES_CEILING`]), as `warmpath serve` does at start: systemd and many shells start
+/// services at a soft limit of 1,024, which a router with thousands of connections exhausts
+/// (new connections then wait in the listen queue: `warmpath_accept_errors_total`). Returns
+/// the soft limit in force after, and a warning when it is still below what
+/// `max_connections` needs.
+pub fn raise_open_file_limit(max_connections: u32) -> (Option<u64>, Option<String>) {
+    let limit = rlimit::increase_nofile_limit(OPEN_FILES_CEILING)
+        .or_else(|_| rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft))
+        .ok();
+    (limit, limit.and_then(|limit| open_files_warning(limit, max_connections)))
+}
+
+/// Descriptors the router needs besides one per client connection and one per upstream
+/// connection: listeners, epoll instances, wakers, the access log, the admin and control
+/// threads' sockets.
+const OPEN_FILES_SPARE: u64 = 1024;
+
+/// The warning when `limit` descriptors cannot hold `max_connections` clients and their
+/// upstream connections.
+fn open_files_warning(limit: u64, max_connections: u32) -> Option<String> {
+    let needed = 2 * u64::from(max_connections) + OPEN_FILES_SPARE;
+    (limit < needed).then(|| {
+        format!(
+            "the open-file limit is {limit}, below the {needed} that server.max_connections = \
+             {max_connections} may need (a descriptor per client and per upstream connection): \
+             past it new connections wait in the listen queue; raise it (LimitNOFILE=, ulimit \
+             -n) or lower max_connections"
+        )
+    })
+}
+
 /// [`start`], remembering where `config` came from so that it can be reloaded.
 pub fn start_with_source(
     config: Config,
@@ -432,4 +468,20 @@ fn bind_reuseport(addr: SocketAddr) -> io::Result<StdListener> {
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_short_one_is_named() {
+        let (limit, _) = raise_open_file_limit(1);
+        let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).expect("getrlimit");
+        assert_eq!(limit, Some(soft));
+        assert_eq!(soft, hard.min(OPEN_FILES_CEILING).max(soft), "raised as far as allowed");
+        assert_eq!(open_files_warning(200_000, 65_536), None);
+        let warning = open_files_warning(1024, 65_536).expect("1,024 is short");
+        assert!(warning.starts_with("the open-file limit is 1024, below the 132096"), "{warning}");
+    }
 }

@@ -12,7 +12,7 @@
 mod answers;
 mod intake;
 
-use std::io::{ErrorKind, Write};
+use std::io::{self, ErrorKind, Write};
 use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,7 +79,23 @@ pub(super) struct Clients {
     /// This shard's access-log buffer, when the log is on, and the line being formatted.
     log: Option<Arc<ShardLog>>,
     log_line: Vec<u8>,
+    /// `accept` failed for want of a descriptor or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
+    /// the connections left in the listen queue announce nothing more (the listener is
+    /// edge-triggered), so the shard retries at `accept_retry_at`, or at once when one of its
+    /// connections closes. `None` while accepting works.
+    accept_retry_at: Option<Tick>,
+    /// A connection closed while accepting was stalled: a descriptor is free.
+    freed: bool,
+    /// When an `accept` failure was last logged (at most one line per [`ACCEPT_LOG_EVERY`]).
+    accept_logged_at: Option<Tick>,
 }
+
+/// How long a shard waits before it tries `accept` again after it failed for want of
+/// descriptors, when none of its connections closes meanwhile.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// The least time between two log lines about `accept` failures.
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Clients {
     pub(super) fn new(listener: TcpListener, max: usize, log: Option<Arc<ShardLog>>) -> Clients {
@@ -92,6 +108,9 @@ impl Clients {
             serial: 0,
             buffered: 0,
             again: Vec::new(),
+            accept_retry_at: None,
+            freed: false,
+            accept_logged_at: None,
             scratch: Vec::with_capacity(16 << 10),
             prompt_hasher: PromptHasher::new(256),
             prompt_scratch: Vec::new(),
@@ -116,6 +135,20 @@ impl Clients {
         !self.again.is_empty()
     }
 
+    /// Whether accepting is stalled (`accept_retry_at`), and so the loop must not sleep past
+    /// [`ACCEPT_RETRY`].
+    pub(super) fn accept_stalled(&self) -> bool {
+        self.accept_retry_at.is_some()
+    }
+
+    /// Tries `accept` again if it is stalled and a descriptor came free or the retry is due.
+    pub(super) fn retry_accept(&mut self, cx: &mut Cx) {
+        let Some(at) = self.accept_retry_at else { return };
+        if std::mem::take(&mut self.freed) || cx.now() >= at {
+            self.accept(cx);
+        }
+    }
+
     /// Client `key` and its request, for the upstream side of their exchange; `None` when the
     /// connection is gone. An exchange always has a request: none is a bug (a panic).
     pub(super) fn exchange(&mut self, key: usize) -> Option<(&mut Client, &mut Request)> {
@@ -137,10 +170,14 @@ impl Clients {
             let Some(listener) = &self.listener else { return };
             let (mut stream, peer) = match listener.accept() {
                 Ok(accepted) => accepted,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.accept_retry_at = None;
+                    return;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return, // EMFILE and friends: try again on the next event.
+                Err(e) => return self.accept_failed(&e, cx),
             };
+            self.accept_retry_at = None;
             if self.open >= self.max {
                 self.refuse(stream, cx);
                 continue;
@@ -171,6 +208,25 @@ impl Clients {
             let deadline = cx.now() + cx.timeouts.header;
             self.set_timer(key, Some(deadline), cx);
         }
+    }
+
+    /// `accept` failed, most likely for want of descriptors (EMFILE: the process's open-file
+    /// limit; ENFILE: the system's): counted, said once per stall, retried (`accept_retry_at`).
+    fn accept_failed(&mut self, error: &io::Error, cx: &mut Cx) {
+        ShardMetrics::bump(&cx.metrics.accept_errors);
+        let now = cx.now();
+        let quiet = cx.rate.ticks(ACCEPT_LOG_EVERY);
+        if self.accept_logged_at.is_none_or(|at| now.saturating_sub(at) >= quiet) {
+            self.accept_logged_at = Some(now);
+            eprintln!(
+                "warmpath: shard {}: accept failed: {error}; connections wait in the listen \
+                 queue until descriptors free up (warmpath_accept_errors_total counts each \
+                 failure; raise the open-file limit, e.g. LimitNOFILE)",
+                cx.shard
+            );
+        }
+        self.freed = false;
+        self.accept_retry_at = Some(now + cx.rate.ticks(ACCEPT_RETRY));
     }
 
     /// Over `max_connections`: a 503 and a close (on TLS only the close: a 503 needs a
@@ -513,6 +569,9 @@ impl Clients {
         }
         self.open -= 1;
         ShardMetrics::set(&cx.metrics.open, self.open as u64);
+        if self.accept_retry_at.is_some() {
+            self.freed = true;
+        }
     }
 
     /// Appends the access-log line of the request in `slot`, which ended with `outcome` at

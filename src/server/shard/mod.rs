@@ -381,6 +381,7 @@ impl Shard {
             }
             let (clients, upstreams, mut cx) = self.split();
             clients.read_again(upstreams, &mut cx);
+            clients.retry_accept(&mut cx);
             let now = self.clock.now();
             self.wheel.poll(now, &mut expired);
             for (_, value) in expired.drain(..) {
@@ -470,7 +471,10 @@ impl Shard {
         }
         let timeout = if !self.inputs.is_empty() {
             Some(BACKLOG_TICK)
-        } else if !self.wheel.is_empty() || self.drain_deadline.is_some() {
+        } else if !self.wheel.is_empty()
+            || self.drain_deadline.is_some()
+            || self.clients.accept_stalled()
+        {
             Some(TIMER_TICK)
         } else {
             None

@@ -1,0 +1,73 @@
+//! The router out of file descriptors: `warmpath serve` under a 64-descriptor limit it cannot
+//! raise, with more clients than descriptors. `accept` fails (EMFILE) and the connections it
+//! could not take wait in the kernel's listen queue, which announces nothing more to an
+//! edge-triggered listener; once clients leave, the waiting connections must be accepted
+//! without a new connection arriving to wake the listener, and the failures counted.
+
+mod support;
+
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::backend::Backend;
+use support::client::{self, chat_request, Conn};
+use support::router::Setup;
+use support::{wait_until, PATIENCE};
+
+const M: &str = "m";
+/// The descriptor limit the router runs under (soft and hard: it cannot raise it).
+const LIMIT: usize = 64;
+/// Client connections opened, well past what the limit lets the router accept.
+const CLIENTS: usize = 100;
+
+#[test]
+fn connections_left_in_the_listen_queue_are_accepted_once_descriptors_free_up() {
+    let backend = Backend::start();
+    let (listen, admin) =
+        (support::silent::refusing_address(), support::silent::refusing_address());
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("descriptors.toml");
+    let setup = Setup::new()
+        .model(M, &[backend.address()])
+        .server("listen", &listen)
+        .server("admin_listen", &admin);
+    std::fs::write(&path, setup.toml()).unwrap();
+    // Its standard error (the start's warning, the failures' log line) is kept beside the
+    // configuration, for a look after a failure.
+    let log = path.with_extension("log");
+    let script =
+        format!("ulimit -n {LIMIT} && exec \"$0\" serve --config \"$1\" 2>\"$2\" >/dev/null");
+    let mut child = Command::new("sh")
+        .args(["-c", &script, env!("CARGO_BIN_EXE_warmpath")])
+        .args([path.to_str().unwrap(), log.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("sh runs");
+    let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
+    wait_until("the router to listen", PATIENCE, || TcpStream::connect(addr).ok());
+    wait_until("the router to be ready", PATIENCE, || {
+        (client::get(addr, "/readyz").status == 200).then_some(())
+    });
+
+    // More clients than descriptors: the router accepts what it can, the rest wait.
+    let mut clients: Vec<TcpStream> =
+        (0..CLIENTS).map(|_| TcpStream::connect(addr).expect("the kernel queues it")).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // The first half (those the router took) leave. The last one, never accepted so far, sends
+    // a request: no new connection comes to wake the listener.
+    let last = clients.pop().expect("a client");
+    drop(clients.drain(..CLIENTS / 2));
+    let mut conn = Conn::from_stream(last);
+    let response = conn.exchange(&chat_request(M, None, false));
+    assert_eq!(response.status, 200, "{}", response.text());
+
+    drop(clients);
+    let errors = wait_until("the accept failures counted", PATIENCE, || {
+        let text = client::metrics(admin);
+        client::metric(&text, "warmpath_accept_errors_total", &[]).filter(|&n| n >= 1.0)
+    });
+    assert!(errors >= 1.0);
+    support::signal(&child, "TERM");
+    let status = wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("try_wait"));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

@@ -49,6 +49,9 @@ pub struct AdminThread {
     join: JoinHandle<()>,
 }
 
+/// How long the admin thread waits after a failed `accept` before the next.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl AdminThread {
     /// Serves `listener` until stopped.
     pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<AdminThread> {
@@ -60,8 +63,13 @@ impl AdminThread {
                 if flag.load(Ordering::Acquire) {
                     return;
                 }
-                if let Ok(stream) = stream {
-                    let _ = serve(stream, &shared);
+                match stream {
+                    Ok(stream) => {
+                        let _ = serve(stream, &shared);
+                    }
+                    // Out of descriptors (EMFILE): the connection stays queued, and a blocking
+                    // accept would fail again at once; wait rather than spin on a core.
+                    Err(_) => std::thread::sleep(ACCEPT_RETRY),
                 }
             }
         })?;

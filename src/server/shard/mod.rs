@@ -379,6 +379,11 @@ impl Shard {
             while let Some(output) = self.ring.pop() {
                 self.decision(output);
             }
+            if self.clients.accept_stalled() {
+                // As for the listener's event: a connection accepted now is the newest
+                // generation's.
+                self.refresh();
+            }
             let (clients, upstreams, mut cx) = self.split();
             clients.read_again(upstreams, &mut cx);
             clients.retry_accept(&mut cx);

@@ -583,6 +583,8 @@ impl Upstreams {
     pub(super) fn resume(&mut self, up: usize, clients: &mut Clients, cx: &mut Cx) {
         if let Some(u) = self.conns.get_mut(up).filter(|u| u.paused) {
             u.paused = false;
+            // The pause was the client's silence, not the backend's.
+            u.last_read = cx.now();
             self.readable(up, clients, cx);
         }
     }

@@ -86,6 +86,38 @@ fn the_access_log_has_a_line_per_request_with_waits_and_bytes() {
     assert_eq!(client::metric(&metrics, "warmpath_access_log_dropped_total", &[]), Some(0.0));
 }
 
+/// After logrotate moves the access log away, a reload (its `postrotate`) makes the router
+/// write to a new file at the path; the moved file keeps what was written before. A reload
+/// whose configuration is refused reopens the file all the same.
+#[test]
+fn a_reload_reopens_the_access_log_after_a_rotation() {
+    let backend = Backend::start();
+    let (path, config) = (temp_path("rotated.jsonl"), temp_path("rotated.toml"));
+    let rotated = path.with_extension("jsonl.1");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&rotated);
+    let router =
+        setup(&[&backend]).server("access_log", path.to_str().unwrap()).start_from_file(&config);
+    let exchange = || client::exchange(router.addr, &chat_request(M, None, false)).status;
+    assert_eq!(exchange(), 200);
+    log_lines(&path, 1);
+    std::fs::rename(&path, &rotated).unwrap();
+    // Before the reload the open file is the moved one.
+    assert_eq!(exchange(), 200);
+    log_lines(&rotated, 2);
+    assert_eq!(reload(&router).0, 200);
+    assert_eq!(exchange(), 200);
+    assert_eq!(log_lines(&path, 1).len(), 1, "the new file has the line after the reload");
+    assert_eq!(log_lines(&rotated, 2).len(), 2, "the moved file has no more");
+    // Again, with a configuration the reload refuses.
+    std::fs::rename(&path, &rotated).unwrap();
+    std::fs::write(&config, "[queue]\ntimeout = \"soon\"\n").unwrap();
+    assert_eq!(reload(&router).0, 409);
+    assert_eq!(exchange(), 200);
+    assert_eq!(log_lines(&path, 1).len(), 1);
+    client::wait_idle(router.admin, M);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Live reconfiguration and /debug/config.
 

@@ -9,6 +9,11 @@
 //! a shard's buffer passes half full and wakes it, and writes the bytes to the sink with
 //! blocking I/O. A sink that fails (disk full) loses those lines, counted as drops too.
 //!
+//! A file sink is opened again, by path, at the start of the writer's next pass after
+//! [`ShardLog::reopen`] (every reload asks for it, and waits for it): after logrotate has moved
+//! the file, lines go to a new file at the path, those still pending included. A path that
+//! cannot be opened keeps the old file and says so on standard error.
+//!
 //! The line's fields are in `docs/operations.md` ("Access log").
 
 use std::fs::OpenOptions;
@@ -26,6 +31,8 @@ use crate::scheduler::Lane;
 pub const SHARD_BUFFER_BYTES: usize = 1 << 20;
 /// Longest wait between two flushes of a non-empty buffer.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest wait of [`ShardLog::reopen`] for the writer (one slow write on a full disk).
+pub const REOPEN_WAIT: Duration = Duration::from_secs(1);
 
 /// One shard's pending lines.
 #[derive(Debug)]
@@ -39,11 +46,27 @@ pub struct ShardLog {
     sink_dropped: AtomicU64,
     /// The buffer passed half full since the writer last swapped it (wake it once per fill).
     signalled: AtomicBool,
-    writer: Arc<OnceLock<Thread>>,
+    writer: Arc<Writer>,
+}
+
+/// What the shards' buffers share of the writer thread: how to wake it, and a request to
+/// reopen its file.
+#[derive(Debug, Default)]
+struct Writer {
+    thread: OnceLock<Thread>,
+    reopen: AtomicBool,
+}
+
+impl Writer {
+    fn wake(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
 }
 
 impl ShardLog {
-    fn new(capacity: usize, writer: Arc<OnceLock<Thread>>) -> ShardLog {
+    fn new(capacity: usize, writer: Arc<Writer>) -> ShardLog {
         ShardLog {
             lines: Mutex::new(Vec::with_capacity(capacity)),
             capacity,
@@ -68,9 +91,22 @@ impl ShardLog {
         let half = lines.len() > self.capacity / 2;
         drop(lines);
         if half && !self.signalled.swap(true, Ordering::AcqRel) {
-            if let Some(writer) = self.writer.get() {
-                writer.unpark();
+            self.writer.wake();
+        }
+    }
+
+    /// Has the writer open its file again by path (module doc), and returns once it has (at
+    /// most [`REOPEN_WAIT`]); shared by every shard's buffer, so any one asks for all.
+    pub fn reopen(&self) {
+        self.writer.reopen.store(true, Ordering::Release);
+        self.writer.wake();
+        // Naps of a millisecond, at most REOPEN_WAIT of them in all.
+        let nap = Duration::from_millis(1);
+        for _ in 0..REOPEN_WAIT.as_millis() {
+            if !self.writer.reopen.load(Ordering::Acquire) {
+                return;
             }
+            std::thread::sleep(nap);
         }
     }
 
@@ -94,7 +130,7 @@ impl ShardLog {
 enum Sink {
     Stdout,
     Stderr,
-    File(std::fs::File),
+    File(std::fs::File, std::path::PathBuf),
 }
 
 impl Sink {
@@ -103,26 +139,36 @@ impl Sink {
             AccessLog::Off => None,
             AccessLog::Stdout => Some(Sink::Stdout),
             AccessLog::Stderr => Some(Sink::Stderr),
-            AccessLog::File(path) => {
-                let file =
-                    OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("server.access_log {}: {e}", path.display()),
-                        )
-                    })?;
-                Some(Sink::File(file))
-            }
+            AccessLog::File(path) => Some(Sink::File(open_file(path)?, path.clone())),
         })
+    }
+
+    /// Opens a file sink again by its path (another file after a rotation); a failure keeps
+    /// the open file, said on standard error.
+    fn reopen(&mut self) {
+        let Sink::File(file, path) = self else { return };
+        match open_file(path) {
+            Ok(new) => *file = new,
+            Err(e) => eprintln!("warmpath: access log: reopening failed, kept the open file: {e}"),
+        }
     }
 
     fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Sink::Stdout => io::stdout().lock().write_all(bytes),
             Sink::Stderr => io::stderr().lock().write_all(bytes),
-            Sink::File(file) => file.write_all(bytes),
+            Sink::File(file, _) => file.write_all(bytes),
         }
     }
+}
+
+/// `path` opened for appending, created if missing.
+fn open_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("server.access_log {}: {e}", path.display())))
 }
 
 /// The access log's writer thread and the shards' buffers.
@@ -130,7 +176,7 @@ impl Sink {
 pub struct LogWriter {
     shards: Vec<Arc<ShardLog>>,
     stop: Arc<AtomicBool>,
-    thread: Arc<OnceLock<Thread>>,
+    writer: Arc<Writer>,
     join: JoinHandle<()>,
 }
 
@@ -139,18 +185,23 @@ impl LogWriter {
     /// log is off. Fails when the file cannot be opened for appending.
     pub fn start(target: &AccessLog, shards: usize) -> io::Result<Option<LogWriter>> {
         let Some(sink) = Sink::open(target)? else { return Ok(None) };
-        let thread = Arc::new(OnceLock::new());
+        let writer = Arc::new(Writer::default());
         let logs: Vec<Arc<ShardLog>> = (0..shards)
-            .map(|_| Arc::new(ShardLog::new(SHARD_BUFFER_BYTES, Arc::clone(&thread))))
+            .map(|_| Arc::new(ShardLog::new(SHARD_BUFFER_BYTES, Arc::clone(&writer))))
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
-        let worker = Worker { shards: logs.clone(), stop: Arc::clone(&stop), sink };
-        let registered = Arc::clone(&thread);
+        let worker = Worker {
+            shards: logs.clone(),
+            stop: Arc::clone(&stop),
+            writer: Arc::clone(&writer),
+            sink,
+        };
+        let registered = Arc::clone(&writer);
         let join = std::thread::Builder::new().name("access-log".into()).spawn(move || {
-            registered.get_or_init(std::thread::current);
+            registered.thread.get_or_init(std::thread::current);
             worker.run();
         })?;
-        Ok(Some(LogWriter { shards: logs, stop, thread, join }))
+        Ok(Some(LogWriter { shards: logs, stop, writer, join }))
     }
 
     /// The buffer of each shard, by shard index.
@@ -161,9 +212,7 @@ impl LogWriter {
     /// Writes what is pending and stops the thread.
     pub fn stop(self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.get() {
-            thread.unpark();
-        }
+        self.writer.wake();
         let _ = self.join.join();
     }
 }
@@ -171,6 +220,7 @@ impl LogWriter {
 struct Worker {
     shards: Vec<Arc<ShardLog>>,
     stop: Arc<AtomicBool>,
+    writer: Arc<Writer>,
     sink: Sink,
 }
 
@@ -180,6 +230,12 @@ impl Worker {
         loop {
             // Read the flag before the last pass, so lines pushed before `stop` are written.
             let stopping = self.stop.load(Ordering::Acquire);
+            // Before this pass's lines: once the flag is down, every later line goes to the
+            // new file.
+            if self.writer.reopen.load(Ordering::Acquire) {
+                self.sink.reopen();
+                self.writer.reopen.store(false, Ordering::Release);
+            }
             for shard in &self.shards {
                 shard.take(&mut spare);
                 if !spare.is_empty() {
@@ -466,7 +522,7 @@ mod tests {
 
     #[test]
     fn a_full_buffer_drops_and_counts_lines() {
-        let log = ShardLog::new(10, Arc::new(OnceLock::new()));
+        let log = ShardLog::new(10, Arc::new(Writer::default()));
         log.push(b"12345\n");
         log.push(b"12345\n");
         assert_eq!(log.dropped(), 1);

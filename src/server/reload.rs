@@ -46,6 +46,11 @@ pub const ADOPTION_WAIT: Duration = Duration::from_secs(1);
 /// (module doc); returns its number, or why the file was refused (the active generation
 /// stays). Logs either way on standard error.
 pub fn reload(shared: &Shared) -> Result<u64, String> {
+    // Whatever the file holds: after logrotate moved the access log, a reload (its
+    // `postrotate`) makes the writer open a new one at the path.
+    if let Some(log) = shared.access_logs.first() {
+        log.reopen();
+    }
     let result = publish(shared);
     if let Ok(number) = result {
         let behind = shared.await_adoption(number, ADOPTION_WAIT);

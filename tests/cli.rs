@@ -1,6 +1,7 @@
 //! Runs the built `warmpath` binary: `--help`, `--version`, and `check-config` on good and bad
 //! files (exit codes, stdout, stderr).
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -106,6 +107,8 @@ fn check_config_refuses_a_bad_file_naming_the_key() {
 #[test]
 fn check_config_reads_the_engines_key_file_and_prints_only_its_path() {
     let key = write_temp("engine.key", "sk-engine-secret\n");
+    let mode = |bits| std::fs::Permissions::from_mode(bits);
+    std::fs::set_permissions(&key, mode(0o600)).unwrap();
     let text = format!(
         "[[model]]\nname = \"llama\"\nbackends = [\"127.0.0.1:8001\"]\n\
          backend_api_key_file = {:?}\n",
@@ -124,6 +127,16 @@ fn check_config_reads_the_engines_key_file_and_prints_only_its_path() {
     let tenant_path = write_temp("engine-key-tenant.toml", &with_tenant);
     let output = warmpath(&["check-config", tenant_path.to_str().unwrap()]);
     assert_eq!((output.status.code(), stderr(&output)), (Some(0), String::new()));
+    // A key file every user can read is named.
+    std::fs::set_permissions(&key, mode(0o644)).unwrap();
+    let output = warmpath(&["check-config", tenant_path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0));
+    let expected = format!(
+        "warning: model \"llama\": backend_api_key_file {} is readable by every user (mode \
+         644): make it readable by warmpath's user only (chmod 600)\n",
+        key.display()
+    );
+    assert_eq!(stderr(&output), expected);
     let printed = stdout(&output);
     assert!(printed.contains(&format!("backend_api_key_file = {:?}", key.to_str().unwrap())));
     assert!(!printed.contains("sk-engine-secret"), "{printed}");

@@ -547,21 +547,32 @@ impl Config {
 
     /// What is valid but likely not meant, one line each (printed at start, at each reload and
     /// by `check-config`): a model whose engines take a key from `backend_api_key_file` while
-    /// no tenant is configured, so that anyone who reaches the main listener uses that key.
+    /// no tenant is configured, so that anyone who reaches the main listener uses that key; a
+    /// key file that every user of the machine can read.
     pub fn warnings(&self) -> Vec<String> {
-        if !self.tenants.is_empty() {
-            return Vec::new();
-        }
-        let keyed = self.models.iter().filter(|m| m.backend_api_key_file.is_some());
-        keyed
-            .map(|m| {
-                format!(
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut warnings = Vec::new();
+        for model in &self.models {
+            let Some(path) = &model.backend_api_key_file else { continue };
+            if self.tenants.is_empty() {
+                warnings.push(format!(
                     "model {:?}: backend_api_key_file is set and no [[tenant]] is configured: \
                      anyone who reaches server.listen ({}) uses its engines with that key",
-                    m.name, self.server.listen
-                )
-            })
-            .collect()
+                    model.name, self.server.listen
+                ));
+            }
+            let mode = std::fs::metadata(path).map_or(0, |m| m.permissions().mode());
+            if mode & 0o004 != 0 {
+                warnings.push(format!(
+                    "model {:?}: backend_api_key_file {} is readable by every user (mode {:o}): \
+                     make it readable by warmpath's user only (chmod 600)",
+                    model.name,
+                    path.display(),
+                    mode & 0o777
+                ));
+            }
+        }
+        warnings
     }
 
     /// The configuration as a TOML document that loads back to an equal `Config`, with every

@@ -63,4 +63,8 @@ fn requests_follow_a_backend_whose_name_moves() {
     let metrics = client::metrics(router.admin);
     let generation = client::metric(&metrics, "warmpath_config_generation", &[]);
     assert_eq!(generation, Some(2.0), "one generation with the new address");
+    // The engine at the new address is another one, which exports no counters
+    // (`engine = "openai"`): the move itself says so, once.
+    let labels = [("model", "m"), ("backend", "engine.test:8000")];
+    client::wait_metric(router.admin, "warmpath_backend_restarts_total", &labels, |n| n == 1.0);
 }

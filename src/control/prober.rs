@@ -41,7 +41,9 @@
 //! address yet or its last connect failed. An IP address is only parsed.
 //!
 //! A new plan (a live reload) keeps the slots of the targets it keeps (same inbox, backend
-//! index, address and engine), with their exchanges in flight; the slots of removed targets
+//! index, address and engine), with their exchanges in flight (a kept target that the plan
+//! reaches at another address, its name having moved, reports a new engine at its next
+//! snapshot, `Snapshot::new_engine`); the slots of removed targets
 //! close their connections and send nothing more; new targets are checked at once. The
 //! matching is quadratic in the number of targets, once per reload.
 
@@ -133,6 +135,9 @@ struct Slot {
     connect_failed: bool,
     /// The health exchange of the current check answered 2xx.
     healthy: bool,
+    /// A new plan moved the target to another address (its host name moved: another engine):
+    /// the next snapshot says so (`Snapshot::new_engine`).
+    new_engine: bool,
     /// The request of the exchange in flight, and how much of it is sent.
     request: Vec<u8>,
     written: usize,
@@ -155,6 +160,7 @@ impl Slot {
             asking: false,
             connect_failed: false,
             healthy: false,
+            new_engine: false,
             request: Vec::new(),
             written: 0,
             head: Vec::new(),
@@ -212,12 +218,13 @@ fn connected(stream: &TcpStream) -> io::Result<bool> {
 }
 
 /// A finished check as the scheduler takes it.
-fn snapshot(healthy: bool, gauges: Option<EngineGauges>, now: Tick) -> Snapshot {
+fn snapshot(healthy: bool, gauges: Option<EngineGauges>, now: Tick, new_engine: bool) -> Snapshot {
     Snapshot {
         healthy,
         waiting: gauges.and_then(|g| g.waiting_count()),
         scraped_at: now,
         cache: gauges.map_or(EngineCache::UNKNOWN, |g| g.cache()),
+        new_engine,
     }
 }
 
@@ -560,7 +567,8 @@ impl Slots {
             (Step::Metrics, _) => None,
         };
         slot.state = State::Idle;
-        done(&self.plan.targets[index], snapshot(slot.healthy, gauges, now));
+        let new_engine = std::mem::take(&mut slot.new_engine);
+        done(&self.plan.targets[index], snapshot(slot.healthy, gauges, now, new_engine));
         let interval = self.ticks(self.plan.settings.interval);
         let next = self.slots[index].started.saturating_add(interval).max(now);
         self.set_due(index, next);
@@ -579,9 +587,14 @@ impl Slots {
             std::mem::take(&mut self.slots).into_iter().map(Some).collect();
         for (index, target) in plan.targets.iter().enumerate() {
             let kept = (self.plan.targets.iter().enumerate())
-                .position(|(j, t)| old[j].is_some() && same(t, target))
-                .and_then(|j| old[j].take());
-            let mut slot = kept.unwrap_or_else(|| Slot::new(now));
+                .position(|(j, t)| old[j].is_some() && same(t, target));
+            // Kept with another address: its name moved, to another engine.
+            let moved = kept.is_some_and(|j| {
+                let was = self.plan.targets[j].resolved;
+                was.is_some() && target.resolved.is_some() && was != target.resolved
+            });
+            let mut slot = kept.and_then(|j| old[j].take()).unwrap_or_else(|| Slot::new(now));
+            slot.new_engine |= moved;
             if let Some(stream) = slot.stream.as_mut() {
                 let interest = Interest::READABLE | Interest::WRITABLE;
                 if registry.reregister(stream, Token(index), interest).is_err() {

@@ -323,6 +323,17 @@ impl CacheModel {
         restarted_at: 0,
     };
 
+    /// The engine is a new one at `now` (its counters went down, or its backend's address
+    /// moved): counted; the calibration period under way is dropped, and the next counters
+    /// reported start a new baseline.
+    pub fn restarted(&mut self, now: Tick) {
+        self.restarts += 1;
+        self.restarted_at = now;
+        (self.period_tokens, self.period_predicted, self.period_engine) = (0, 0, 0);
+        self.period_from_usage = false;
+        self.counters = None;
+    }
+
     /// A request was placed with `tokens` estimated prompt tokens, of which the index
     /// predicted `cached`.
     pub fn placed(&mut self, tokens: u64, cached: u64) {
@@ -366,10 +377,7 @@ impl CacheModel {
         if let Some((q0, h0)) = self.counters {
             if queries < q0 || hits < h0 {
                 reported.restarted = true;
-                self.restarts += 1;
-                self.restarted_at = now;
-                (self.period_tokens, self.period_predicted, self.period_engine) = (0, 0, 0);
-                self.period_from_usage = false;
+                self.restarted(now);
             } else if queries > q0 {
                 let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
                 self.counter_micro = Some(dh * 1_000_000 / dq);

@@ -313,6 +313,8 @@ fn decode_input(
                     prefix_hits: live.counters.1,
                 };
             }
+            // Now and then the report of a backend whose address moved (another engine).
+            snapshot.new_engine = bytes.below(16) == 0;
             // Now and then a backend the scheduler does not have (yet: a reload's).
             Input::Snapshot { backend: bytes.below(u32::from(backends) + 1) as u16, snapshot }
         }

@@ -651,9 +651,13 @@ impl Scheduler {
     fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
         let cache = snapshot.cache;
         let model = &mut self.learned.cache[usize::from(backend)];
+        if snapshot.new_engine {
+            // Counted before this report's counters, which are then the new engine's first.
+            model.restarted(now);
+        }
         let reported =
             model.snapshot(now, cache.kv_capacity_tokens, cache.prefix_queries, cache.prefix_hits);
-        if reported.restarted {
+        if reported.restarted || snapshot.new_engine {
             // A new engine process: its prefix cache is empty, whatever warmpath sent before.
             if let Some(prefix) = &mut self.prefix {
                 prefix.indexes[usize::from(backend)].clear();

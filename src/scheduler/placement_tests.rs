@@ -141,12 +141,7 @@ fn a_request_goes_where_its_prefix_is_cached_not_where_load_is_lowest() {
 #[test]
 fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     let mut h = H::new(params(2, 8));
-    let snapshot = |queries, hits| {
-        let mut snapshot = Snapshot::new(true, Some(0), 0);
-        snapshot.cache =
-            EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
-        Input::Snapshot { backend: 0, snapshot }
-    };
+    let snapshot = |queries, hits| snapshot_of(0, queries, hits);
     h.send(snapshot(50_000, 20_000));
     let prompt = chain(1, 20);
     assert_eq!(h.arrive(1, Some(7), &prompt, 20 * BLOCK_TOKENS, false), vec![(1, 0)]);
@@ -168,6 +163,27 @@ fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     // The follow-up now costs its whole prompt on either: the idle backend takes it.
     assert_eq!(h.arrive(3, Some(7), &chain(1, 24), 24 * BLOCK_TOKENS, false), vec![(3, 1)]);
     assert_eq!(h.s.backend_estimates(1).restarts, 0, "the other backend's count");
+    assert_eq!(h.s.prefix_index_len(1), 24);
+    // Backend 1's address moves (another engine) and its report says so, with counters that
+    // grew: emptied all the same, counted once, and those counters are the new baseline.
+    h.send(snapshot_of(1, 900_000, 10));
+    let mut moved = Snapshot::new(true, Some(0), 0);
+    moved.new_engine = true;
+    moved.cache = EngineCache { kv_capacity_tokens: 0, prefix_queries: 990_000, prefix_hits: 20 };
+    h.now = 9;
+    h.send(Input::Snapshot { backend: 1, snapshot: moved });
+    assert_eq!(h.s.prefix_index_len(1), 0);
+    assert_eq!((h.s.backend_estimates(1).restarts, h.s.backend_estimates(1).restarted_at), (1, 9));
+    h.send(snapshot_of(1, 995_000, 30));
+    assert_eq!(h.s.backend_estimates(1).restarts, 1, "growing counters after it: no restart");
+}
+
+/// A report for `backend` with these prefix-cache counters.
+fn snapshot_of(backend: u16, queries: u64, hits: u64) -> Input {
+    let mut snapshot = Snapshot::new(true, Some(0), 0);
+    snapshot.cache =
+        EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
+    Input::Snapshot { backend, snapshot }
 }
 
 #[test]

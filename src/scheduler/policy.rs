@@ -44,13 +44,16 @@ pub struct Snapshot {
     pub scraped_at: Tick,
     /// What the engine exports about its caches (all unknown when not scraped).
     pub cache: EngineCache,
+    /// The engine behind the backend is another one since the last report, whatever its
+    /// counters say: the backend's host name moved to a new address (another pod).
+    pub new_engine: bool,
 }
 
 impl Snapshot {
     /// A report of health and the waiting gauge only, as from an engine that exports nothing
     /// about its caches.
     pub const fn new(healthy: bool, waiting: Option<u32>, scraped_at: Tick) -> Snapshot {
-        Snapshot { healthy, waiting, scraped_at, cache: EngineCache::UNKNOWN }
+        Snapshot { healthy, waiting, scraped_at, cache: EngineCache::UNKNOWN, new_engine: false }
     }
 }
 

@@ -16,8 +16,9 @@
 //! with plain arithmetic: tokens per byte as the two halved sums, each backend's prefill rate as
 //! the median of its last closed windows kept in a growing list, the budget's moves on each
 //! snapshot, the calibration periods of the index size, the index rebuilt by re-inserting
-//! from the hand, and an engine restart (a counter that went down) as a new, empty index. The
-//! integer formulas are the definitions, so they are written out the same.
+//! from the hand, and an engine restart (a counter that went down, or a report of a moved
+//! address) as a new, empty index. The integer formulas are the definitions, so they are
+//! written out the same.
 //! [`super::harness`] runs it beside [`Scheduler`](super::Scheduler) and
 //! compares every output.
 //!
@@ -670,17 +671,22 @@ impl Reference {
             l.capacity = u64::from(cache.kv_capacity_tokens);
         }
         let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);
-        if queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER {
+        let counted = queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER;
+        // A new engine: said by the report (its address moved), or a counter that went down.
+        let went_down = l.counters.is_some_and(|(q0, h0)| queries < q0 || hits < h0);
+        if snapshot.new_engine || counted && went_down {
+            // Its caches are empty: the index forgets every block, the calibration period
+            // starts again, and so do the counters' baseline.
+            l.restarts += 1;
+            l.period = (0, 0, 0, false);
+            l.counters = None;
+            if self.p.routing == Routing::PrefixCost {
+                self.indexes[b] = SessionTracker::with_capacity(self.index_capacity[b]);
+            }
+        }
+        if counted {
             if let Some((q0, h0)) = l.counters {
-                if queries < q0 || hits < h0 {
-                    // A counter went down: a new engine process, its caches empty. The index
-                    // forgets every block and the calibration period starts again.
-                    l.restarts += 1;
-                    l.period = (0, 0, 0, false);
-                    if self.p.routing == Routing::PrefixCost {
-                        self.indexes[b] = SessionTracker::with_capacity(self.index_capacity[b]);
-                    }
-                } else if queries > q0 {
+                if queries > q0 && hits >= h0 {
                     let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
                     l.counter_seen = true;
                     if !l.period.3 {

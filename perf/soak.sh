@@ -14,16 +14,17 @@
 # Load. The sims run at SIM_SCALE simulated seconds per real second (default 0.25: a quarter
 # of the modelled H100's speed, so two of them are cheap and saturate at a few sessions per
 # second). CAPACITY is what the two sims serve at that scale, in sessions per second of
-# `bench --workload multiturn` (4 turns, 100-token answers, 2 s think time): saturated, with
-# the engines 99.7 % busy, they served 5.8 requests/s, about 1.5 sessions/s (perf/RESULTS.md,
-# the soak's first run). The offered rate is LOAD x CAPACITY sessions/s (default LOAD 2). The
+# `bench --workload multiturn` (4 turns, 100-token answers, 2 s think time): 2.8 sessions/s,
+# measured on 2026-12-05 as what a run offered 3.0 served with the engines 98 % busy and
+# nothing shed (11.2 requests/s; the first soaks, before the learned budgets, saw 1.5;
+# perf/RESULTS.md). The offered rate is LOAD x CAPACITY sessions/s (default LOAD 2). The
 # engines batch whatever the router admits (up to inflight_per_backend each), so an overload
 # shows as long end-to-end latencies, a queue in the router and 504s, not as refusals alone.
 # The report states the engines' measured utilisation and the share of 429/504, which say how
 # far over capacity the run really was.
 #
 # Usage: perf/soak.sh [OUT_DIR]        (build first: cargo build --release)
-# Environment (defaults): DURATION=600 (seconds of arriving sessions) LOAD=2 CAPACITY=1.5
+# Environment (defaults): DURATION=600 (seconds of arriving sessions) LOAD=2 CAPACITY=2.8
 #   SIM_SCALE=0.25 SAMPLE_EVERY=10 WARMUP=300 (seconds; half of DURATION when that is less:
 #   concurrency, and with it the open connections, keeps growing for about 4.5 minutes)
 #   QUEUE_TIMEOUT=10s MAX_QUEUED=256 WARMPATH=target/release/warmpath BASE_PORT=18500
@@ -36,7 +37,7 @@ OUT=${1:-soak-results}
 DURATION=${DURATION:-600}
 DURATION=${DURATION%s}
 LOAD=${LOAD:-2}
-CAPACITY=${CAPACITY:-1.5}
+CAPACITY=${CAPACITY:-2.8}
 SIM_SCALE=${SIM_SCALE:-0.25}
 SAMPLE_EVERY=${SAMPLE_EVERY:-10}
 WARMUP=${WARMUP:-300}

@@ -226,11 +226,9 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
     }
     // So are the engines' key files (never printed: the output names the path).
     for model in &config.models {
-        if let Some(path) = &model.backend_api_key_file {
-            if let Err(error) = crate::credential::read_backend_key(path) {
-                eprintln!("error: model {:?}: backend_api_key_file = {error}", model.name);
-                return ExitCode::from(2);
-            }
+        if let Err(error) = model.backend_key() {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
         }
     }
     for warning in config.warnings() {

@@ -491,6 +491,15 @@ impl ModelConfig {
             queue: QueueConfig::default(),
         }
     }
+
+    /// The key of this model's engines, read from its `backend_api_key_file` if it names one;
+    /// the error names the model and the key, as the start, a reload and `check-config` say it.
+    pub fn backend_key(&self) -> Result<Option<crate::credential::BackendKey>, String> {
+        let Some(path) = &self.backend_api_key_file else { return Ok(None) };
+        crate::credential::read_backend_key(path)
+            .map(Some)
+            .map_err(|error| format!("model {:?}: backend_api_key_file = {error}", self.name))
+    }
 }
 
 impl Config {

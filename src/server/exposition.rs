@@ -340,8 +340,8 @@ static FAMILIES: &[Family] = &[
     Family {
         name: "warmpath_backend_restarts_total",
         kind: "counter",
-        help: "Restarts of the backend's engine seen in its prefix-cache counters (a counter \
-               that went down); each empties the backend's prefix index.",
+        help: "Restarts of the backend's engine: a prefix-cache counter that went down, or its \
+               host name moved to another engine; each empties the backend's prefix index.",
         source: Source::Learned(|e, _| Some(e.restarts as f64)),
     },
     Family {

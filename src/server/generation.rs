@@ -28,7 +28,7 @@ use crate::config::{self, Config, ModelConfig, Setting, Strategy, TenantConfig, 
 use crate::control::prober::{is_host_name, moved_to, Resolver};
 use crate::control::scrape::EngineKind;
 use crate::control::thread::Target;
-use crate::credential::{read_backend_key, BackendKey, Digest, KeyTable};
+use crate::credential::{BackendKey, Digest, KeyTable};
 use crate::protocol::Limits;
 use crate::ring::prompt_pool::PromptPool;
 use crate::ring::{InboxWaker, Ring};
@@ -449,7 +449,8 @@ fn resolve_session_sources(models: &mut [Model]) -> Vec<Box<[u8]>> {
 /// Brings `model` to `config`: its settings, and its backends (kept by authority, new ones
 /// appended and resolved). A kept backend named by host name is resolved again: when the name
 /// no longer resolves to its address (and resolves at all), it takes the first it does
-/// ([`moved_to`], the prober's rule too), logged; its index, series and prefix index stay.
+/// ([`moved_to`], the prober's rule too), logged; its index and series stay (its prefix index
+/// is emptied when the prober reports the new engine, `Snapshot::new_engine`).
 fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> Result<(), String> {
     model.live = true;
     model.config = config.clone();
@@ -459,13 +460,7 @@ fn update_model(model: &mut Model, config: &ModelConfig, resolver: Resolver) -> 
         json
     });
     // Read at every generation, so that a reload takes a rotated key.
-    model.backend_key =
-        match &config.backend_api_key_file {
-            Some(path) => Some(read_backend_key(path).map_err(|error| {
-                format!("model {:?}: backend_api_key_file = {error}", model.name)
-            })?),
-            None => None,
-        };
+    model.backend_key = config.backend_key()?;
     model.session_header = config.queue.session_header.to_ascii_lowercase();
     model.backends.iter_mut().for_each(|b| b.live = false);
     for authority in &config.backends {

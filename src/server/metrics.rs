@@ -422,31 +422,12 @@ impl ShardMetrics {
         for (to, from) in grown.rate_limited.iter().zip(self.rate_limited.iter()) {
             copy(to, from);
         }
-        let scalars = |m: &ShardMetrics| {
-            [
-                &m.accepted,
-                &m.refused,
-                &m.accept_errors,
-                &m.open,
-                &m.buffered,
-                &m.clients_gone,
-                &m.tls_errors,
-            ]
-            .map(|a| a.load(Ordering::Relaxed))
-        };
-        let values = scalars(self);
-        let g = &grown;
-        let to = [
-            &g.accepted,
-            &g.refused,
-            &g.accept_errors,
-            &g.open,
-            &g.buffered,
-            &g.clients_gone,
-            &g.tls_errors,
-        ];
-        for (to, value) in to.into_iter().zip(values) {
-            to.store(value, Ordering::Relaxed);
+        fn scalars(m: &ShardMetrics) -> [&AtomicU64; 7] {
+            let (errors, gone) = (&m.accept_errors, &m.clients_gone);
+            [&m.accepted, &m.refused, errors, &m.open, &m.buffered, gone, &m.tls_errors]
+        }
+        for (to, from) in scalars(&grown).into_iter().zip(scalars(self)) {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
         grown
     }

@@ -3,6 +3,8 @@
 //!
 //! cargo run --release --example fleet -- TRACE PROFILE[,PROFILE] LOAD ROUTER [KEY=VALUE ...]
 //! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
+//! PROFILE may override a named profile's values: `l4-3b/kv_blocks=4000/max_num_seqs=64`.
+//! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
 
 use std::time::Duration;
 
@@ -15,6 +17,28 @@ fn sim_scale() -> f64 {
     std::env::var("SIM_SCALE").map(|v| v.parse().unwrap()).unwrap_or(8.0)
 }
 
+/// A named profile with overrides: `l4-3b/kv_blocks=2000/max_num_seqs=32` (an engine model the
+/// named profiles do not cover, for robustness sweeps).
+fn engine_profile(spec: &str) -> warmpath::sim::engine::EngineParams {
+    let mut parts = spec.split('/');
+    let name = parts.next().unwrap();
+    let mut p = warmpath::sim::profile(name).unwrap_or_else(|| panic!("unknown profile {name}"));
+    for part in parts {
+        let (key, value) = part.split_once('=').expect("KEY=VALUE");
+        let v: u64 = value.parse().expect("an integer");
+        match key {
+            "kv_blocks" => p.kv_blocks = v as u32,
+            "max_num_seqs" => p.max_num_seqs = v as u32,
+            "max_num_batched_tokens" => p.max_num_batched_tokens = v as u32,
+            "step_base_us" => p.step_base_ns = v * 1000,
+            "prefill_token_cost_ns" => p.prefill_token_cost_ns = v,
+            "decode_seq_cost_us" => p.decode_seq_cost_ns = v * 1000,
+            other => panic!("unknown profile key {other}"),
+        }
+    }
+    p
+}
+
 #[allow(clippy::too_many_lines)] // the fleet lab's driver, older than the lint (issue [9])
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -23,8 +47,7 @@ fn main() {
         std::process::exit(2);
     };
     let load: f64 = load.parse().expect("LOAD");
-    let engines: Vec<_> =
-        profiles.split(',').map(|p| warmpath::sim::profile(p).expect("profile")).collect();
+    let engines: Vec<_> = profiles.split(',').map(engine_profile).collect();
     let engines = if engines.len() == 1 { vec![engines[0]; 2] } else { engines };
     let dir = trace::data_dir().expect("the traces");
     let mut workload = match trace_name.as_str() {
@@ -169,6 +192,30 @@ fn main() {
             );
         }
         eprintln!("tokens per byte {:?}", report.tokens_per_byte.map(|t| t as f64 / 1e6));
+    }
+    if std::env::var("DETAIL").is_ok() {
+        for (b, e) in report.engines.iter().enumerate() {
+            let mut ttft: Vec<f64> = report
+                .outcomes
+                .iter()
+                .filter(|o| o.backend as usize == b)
+                .filter_map(|o| o.ttft)
+                .collect();
+            let mut queued: Vec<f64> = report
+                .outcomes
+                .iter()
+                .filter(|o| o.backend as usize == b)
+                .map(|o| o.queued)
+                .collect();
+            ttft.sort_by(f64::total_cmp);
+            queued.sort_by(f64::total_cmp);
+            let mid = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] * 1000.0 };
+            eprintln!(
+                "engine {b}: requests {} ttft p50 {:.0} ms queued p50 {:.0} ms busy {:.0}s preempt {} prefill {:.1}M hit {:.3}",
+                ttft.len(), mid(&ttft), mid(&queued), e.2 as f64 / 1e9, e.3, e.4 as f64 / 1e6,
+                e.1 as f64 / e.0.max(1) as f64
+            );
+        }
     }
     if std::env::var("CSV").is_ok() {
         println!(

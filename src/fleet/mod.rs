@@ -66,7 +66,8 @@ pub struct FleetSpec {
     pub model: String,
     /// Whether snapshots carry the engines' waiting gauge (as vLLM's metrics do).
     pub report_waiting: bool,
-    /// Print each backend's budget at every control round (stderr).
+    /// Print each backend's budget and backlog, and each engine's KV usage, running and
+    /// waiting requests, at every control round (stderr).
     pub trace_budget: bool,
     /// Issue \[11\]: the tenant of each session of the workload, by index (missing: 0, none);
     /// its requests carry it to the scheduler, whose `tenant_weights` must know it.
@@ -597,7 +598,19 @@ impl<'a> Fleet<'a> {
                     format!("{}:{}", e.budget, s.backend_prefill_tokens(b))
                 })
                 .collect();
-            eprintln!("t {:.1} queued {} {}", secs(self.now), s.queued(), estimates.join(" "));
+            // Each engine's KV usage, running and waiting requests.
+            let engines: Vec<String> = self
+                .engines
+                .iter()
+                .map(|e| format!("{:.2}/{}/{}", e.kv_usage(), e.running(), e.waiting()))
+                .collect();
+            eprintln!(
+                "t {:.1} queued {} {} kv {}",
+                secs(self.now),
+                s.queued(),
+                estimates.join(" "),
+                engines.join(" ")
+            );
         }
         if self.scheduler.is_some() {
             for e in 0..self.engines.len() {

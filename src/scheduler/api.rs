@@ -271,8 +271,9 @@ pub struct Stats {
     pub affinity_hits: u64,
     pub ejections: u64,
     pub stale_events: u64,
-    /// S16: follow-ups of tracked sessions not boosted because they are cold: no backend's
-    /// prefix index holds at least half of their prompt's blocks.
+    /// Follow-ups of tracked sessions not boosted because they are cold: no backend's prefix
+    /// index holds at least half of their prompt's blocks (S16), or their last turn completed
+    /// on a backend whose engine restarted since.
     pub boost_declined: u64,
     /// Issue \[10\]: arrivals without identity matched to a completed turn (a derived
     /// session), and those that started a new derived session.

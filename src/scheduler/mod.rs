@@ -377,8 +377,14 @@ impl Scheduler {
             Identity::None => None,
             _ => self.tracker.lookup(session),
         };
+        // A turn that completed before its backend's engine restarted left nothing cached:
+        // the session has no warm home to go to first or to return to.
+        let cold = last_turn.is_some_and(|turn| {
+            let cache = self.learned.cache.get(usize::from(turn.backend));
+            cache.is_some_and(|cache| turn.at < cache.restarted_at)
+        });
         let mut completion = last_turn.filter(|_| self.params.boost);
-        if completion.is_some() && !self.warm(arrival.prompt) {
+        if completion.is_some() && (cold || !self.warm(arrival.prompt)) {
             // S16 refinement: a follow-up whose prefix no engine is predicted to hold has no
             // warm cache to gain from going first.
             completion = None;
@@ -392,7 +398,7 @@ impl Scheduler {
         entry.streaming = arrival.streaming;
         entry.boost_mark = self.fair.get(tenant).boosted_admits as u32;
         entry.tenant = tenant;
-        entry.home = last_turn.map_or(NO_BACKEND, |turn| turn.backend);
+        entry.home = last_turn.filter(|_| !cold).map_or(NO_BACKEND, |turn| turn.backend);
         entry.turn = last_turn.map_or(1, |turn| turn.turns.saturating_add(1));
         let index = self.queue.alloc(entry);
         match &mut self.prefix {

@@ -110,8 +110,9 @@ struct Learned {
     period: (u64, u64, u64, bool),
     counter_seen: bool,
     index_scale: u32,
-    /// Engine restarts seen in the counters.
+    /// Engine restarts seen in the counters or reported, and the tick of the last.
     restarts: u64,
+    restarted_at: Tick,
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +169,7 @@ impl Learned {
             counter_seen: false,
             index_scale: estimate::INDEX_SCALE_START,
             restarts: 0,
+            restarted_at: 0,
         }
     }
 }
@@ -417,7 +419,15 @@ impl Reference {
             return out.push(Output::Reject { id, reason: RejectReason::QueueFull });
         }
         let last_turn = arrival.session.and_then(|s| self.tracker.lookup(s));
+        // A turn served before its engine restarted: no boost, no home.
+        let cold = last_turn.is_some_and(|turn| {
+            self.learned.get(usize::from(turn.backend)).is_some_and(|l| turn.at < l.restarted_at)
+        });
         let mut completion = last_turn.filter(|_| self.p.boost);
+        if completion.is_some() && cold {
+            completion = None;
+            self.stats.boost_declined += 1;
+        }
         // S16: only a follow-up whose prompt is at least half held by some index is boosted.
         let prefix_cost = self.p.routing == Routing::PrefixCost;
         if completion.is_some() && prefix_cost && arrival.prompt != NO_PROMPT {
@@ -444,7 +454,7 @@ impl Reference {
             streaming: arrival.streaming,
             retries: 0,
             avoid: NONE,
-            home: last_turn.map_or(NONE, |turn| turn.backend),
+            home: last_turn.filter(|_| !cold).map_or(NONE, |turn| turn.backend),
             blocks,
             placement_waited: false,
             turn: last_turn.map_or(1, |turn| turn.turns.saturating_add(1)),
@@ -661,7 +671,6 @@ impl Reference {
     }
 
     fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
-        let _ = now;
         let cache = snapshot.cache;
         let b = usize::from(backend);
         let l = &mut self.learned[b];
@@ -678,6 +687,7 @@ impl Reference {
             // Its caches are empty: the index forgets every block, the calibration period
             // starts again, and so do the counters' baseline.
             l.restarts += 1;
+            l.restarted_at = now;
             l.period = (0, 0, 0, false);
             l.counters = None;
             if self.p.routing == Routing::PrefixCost {

@@ -528,6 +528,75 @@ fn session_affinity_prefers_home_and_falls_back_to_least_loaded() {
 }
 
 #[test]
+fn a_turn_served_before_its_engine_restarted_is_neither_boosted_nor_sent_home() {
+    let mut p = params();
+    p.backends = 2;
+    p.inflight_per_backend = 2;
+    let mut h = Harness::new(p);
+    let counters = |h: &mut Harness, queries, hits| {
+        let mut snapshot = Snapshot::new(true, Some(0), h.now);
+        let cache =
+            EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
+        snapshot.cache = cache;
+        h.send(Input::Snapshot { backend: 1, snapshot })
+    };
+    counters(&mut h, 5_000, 1_000);
+    // Session A completes on backend 1.
+    assert_eq!(admitted_to(&h.arrive(1, None)), vec![(1, 0)]);
+    assert_eq!(admitted_to(&h.arrive(2, Some(A))), vec![(2, 1)]);
+    h.complete(2);
+    h.complete(1);
+    // Backend 1's engine restarts (its counters go down); then session B completes there.
+    h.at(2 * MS);
+    counters(&mut h, 100, 0);
+    assert_eq!(h.s.backend_estimates(1).restarts, 1);
+    h.at(3 * MS);
+    assert_eq!(admitted_to(&h.arrive(10, None)), vec![(10, 0)]);
+    assert_eq!(admitted_to(&h.arrive(11, None)), vec![(11, 1)]);
+    assert_eq!(admitted_to(&h.arrive(12, None)), vec![(12, 0)]);
+    assert_eq!(admitted_to(&h.arrive(3, Some(B))), vec![(3, 1)]);
+    h.complete(3);
+    assert_eq!(admitted_to(&h.arrive(13, None)), vec![(13, 1)]);
+    // Both backends full; then a normal request, A's follow-up and B's queue.
+    assert!(admitted(&h.arrive(14, None)).is_empty());
+    assert!(admitted(&h.arrive(4, Some(A))).is_empty());
+    assert!(admitted(&h.arrive(5, Some(B))).is_empty());
+    // A's last turn predates the restart: not boosted (counted as declined), no home. B's
+    // turn on the new engine is boosted and goes home.
+    assert_eq!(h.s.stats().boost_declined, 1);
+    let next = h.complete(11);
+    assert!(
+        matches!(
+            next[..],
+            [Output::Admit {
+                id: RequestId(5),
+                backend: 1,
+                affinity: true,
+                lane: Lane::Boosted,
+                ..
+            }]
+        ),
+        "{next:?}"
+    );
+    assert_eq!(admitted_to(&h.complete(10)), vec![(14, 0)]);
+    let next = h.complete(12);
+    assert!(
+        matches!(
+            next[..],
+            [Output::Admit {
+                id: RequestId(4),
+                backend: 0,
+                affinity: false,
+                lane: Lane::Normal,
+                turn: 2,
+                ..
+            }]
+        ),
+        "{next:?}"
+    );
+}
+
+#[test]
 fn least_inflight_ignores_the_session() {
     let mut p = params();
     p.backends = 2;

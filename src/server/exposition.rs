@@ -244,7 +244,7 @@ static FAMILIES: &[Family] = &[
         name: "warmpath_boost_declined_total",
         kind: "counter",
         help: "Follow-ups not boosted: their prompt repeats less than half the previous \
-               turn's (S16).",
+               turn's (S16), or that turn's engine restarted since.",
         source: Source::Model(|r| r.stats.boost_declined),
     },
     Family {

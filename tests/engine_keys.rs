@@ -116,6 +116,34 @@ fn with_tenants_the_engine_gets_its_key_and_never_the_tenant_s() {
 }
 
 #[test]
+fn an_engine_that_refuses_the_key_is_counted_per_backend_and_a_client_s_401_is_not() {
+    let refusal = r#"{"error": "Unauthorized"}"#.to_string();
+    let (keyed, open) = (Backend::start(), Backend::start());
+    keyed.set_default(support::backend::Reply::Status(401, refusal.clone()));
+    open.set_default(support::backend::Reply::Status(401, refusal));
+    let key_file = temp_path("refused.key");
+    std::fs::write(&key_file, "sk-stale\n").unwrap();
+    // Model m sends the key; model o relays the client's own Authorization.
+    let router = setup(&keyed, &key_file).model("o", &[open.address()]).start();
+    for _ in 0..3 {
+        let response = client::exchange(router.addr, &chat_with(Some("Bearer c")));
+        assert_eq!(response.status, 401, "relayed as the engine sent it");
+    }
+    let body = chat_body("o", false);
+    let to_open =
+        request("POST", "/v1/chat/completions", &[("Authorization", "Bearer c")], body.as_bytes());
+    assert_eq!(client::exchange(router.addr, &to_open).status, 401);
+    let text = client::metrics(router.admin);
+    let refused = |model: &str, backend: &Backend| {
+        let labels = [("model", model), ("backend", &backend.address())];
+        client::metric(&text, "warmpath_backend_key_refused_total", &labels)
+    };
+    assert_eq!(refused(M, &keyed), Some(3.0), "{text}");
+    assert_eq!(refused("o", &open), Some(0.0), "the client's key, not the router's");
+    client::wait_idle(router.admin, M);
+}
+
+#[test]
 fn a_missing_key_file_stops_the_start_with_its_path() {
     let backend = Backend::start();
     let key_file = temp_path("missing.key");

@@ -94,6 +94,8 @@ enum Source {
     HitRatio,
     /// `model`, `backend`, `kind`: the shards' upstream failures.
     UpstreamErrors,
+    /// `model`, `backend`: a per-backend counter of the shards.
+    BackendCounter(fn(&ModelMetrics) -> &[AtomicU64]),
     /// `tenant` and the given label: a per-tenant pair of counters of the shards (issue
     /// \[11\]), one series per configured tenant and label value.
     Tenant(&'static str, [&'static str; 2], fn(&ShardMetrics) -> &[[AtomicU64; 2]]),
@@ -120,7 +122,9 @@ impl Source {
             | Source::MatchRatio
             | Source::TokensPerByte => &["model"],
             Source::ModelLabelled(key, _) => return vec!["model", key],
-            Source::Backend(_) | Source::Learned(_) => &["model", "backend"],
+            Source::Backend(_) | Source::Learned(_) | Source::BackendCounter(_) => {
+                &["model", "backend"]
+            }
             Source::HitRatio => &["model", "backend", "source"],
             Source::UpstreamErrors => &["model", "backend", "kind"],
             Source::Tenant(key, _, _) => return vec!["tenant", key],
@@ -366,6 +370,12 @@ static FAMILIES: &[Family] = &[
         source: Source::UpstreamErrors,
     },
     Family {
+        name: "warmpath_backend_key_refused_total",
+        kind: "counter",
+        help: "401 answers of the backend to the model's engine key (backend_api_key_file).",
+        source: Source::BackendCounter(|m| &m.key_refused),
+    },
+    Family {
         name: "warmpath_pool_reconnects_total",
         kind: "counter",
         help: "Dead pooled connections replaced by a fresh one.",
@@ -557,6 +567,14 @@ impl<'a> Scrape<'a> {
             }
             Source::HitRatio => self.hit_ratios(out, name),
             Source::UpstreamErrors => self.upstream_errors(out, name),
+            Source::BackendCounter(pick) => {
+                for (model, m) in self.models.iter().enumerate() {
+                    for (backend, a) in self.backends[model].iter().enumerate() {
+                        let n = self.sum_model(model, |c| pick(c).get(backend).unwrap_or(&ZERO));
+                        put(out, name, &[("model", m), ("backend", a)], n);
+                    }
+                }
+            }
             Source::Tenant(key, values, pick) => {
                 for (index, t) in self.tenants.iter().enumerate() {
                     for (i, value) in values.iter().enumerate() {

@@ -176,6 +176,9 @@ pub struct ModelMetrics {
     pub queue_wait_by_turn: [Histogram; TURNS],
     /// Upstream errors, `[backend][kind]`.
     pub upstream_errors: Box<[[AtomicU64; 5]]>,
+    /// Per backend: 401 answers to requests that carried the model's engine key
+    /// (`backend_api_key_file`), which the engine refused.
+    pub key_refused: Box<[AtomicU64]>,
     /// Dead pooled connections replaced by a fresh one to the same backend.
     pub pool_reconnects: AtomicU64,
     /// S16: requests placed without their prompt's block hashes, the model's prompt pool having
@@ -275,6 +278,7 @@ impl ModelMetrics {
             ttft: std::array::from_fn(|_| std::array::from_fn(|_| latency())),
             queue_wait_by_turn: std::array::from_fn(|_| Histogram::new(QUEUE_WAIT_BUCKETS_US)),
             upstream_errors: (0..backends).map(|_| Default::default()).collect(),
+            key_refused: (0..backends).map(|_| AtomicU64::new(0)).collect(),
             pool_reconnects: AtomicU64::new(0),
             prompt_pool_exhausted: AtomicU64::new(0),
             admitted: Default::default(),
@@ -310,6 +314,13 @@ impl ModelMetrics {
         add(&self.upstream_errors[usize::from(backend)][kind as usize], 1);
     }
 
+    /// Counts a 401 from `backend` to the engine key; returns this shard's count so far.
+    pub fn count_key_refused(&self, backend: u16) -> u64 {
+        let counter = &self.key_refused[usize::from(backend)];
+        add(counter, 1);
+        counter.load(Ordering::Relaxed)
+    }
+
     /// Counts a pooled connection found dead and replaced.
     pub fn count_pool_reconnect(&self) {
         add(&self.pool_reconnects, 1);
@@ -332,6 +343,7 @@ impl ModelMetrics {
         for (to, from) in self.upstream_errors.iter().zip(other.upstream_errors.iter()) {
             copy(to, from);
         }
+        copy(&self.key_refused, &other.key_refused);
         copy(
             std::slice::from_ref(&self.pool_reconnects),
             std::slice::from_ref(&other.pool_reconnects),

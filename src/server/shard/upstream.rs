@@ -192,7 +192,33 @@ impl Upstream {
             cx.wheel.cancel(timer);
         }
         cx.metrics.count_status(self.model, req.tenant, head.status);
+        if head.status == 401 {
+            key_refused(self.model, admission.backend, cx);
+        }
         HeadRelay::Relayed(head.head_len)
+    }
+}
+
+/// A 401 from `backend`: when the model sends its own engine key, the engine refused the
+/// router's key, not the client's, which the client cannot fix: counted, and said on stderr at a
+/// shard's 1st, 2nd, 4th, 8th... refusal by that backend (a wrong key refuses every request, and
+/// the log should say so without repeating it at every request).
+fn key_refused(model: u16, backend: u16, cx: &Cx) {
+    let m = &cx.gen.models[usize::from(model)];
+    let Some(path) = m.backend_key.as_ref().and(m.config.backend_api_key_file.as_ref()) else {
+        return;
+    };
+    let count = cx.metrics.models[usize::from(model)].count_key_refused(backend);
+    if count.is_power_of_two() {
+        eprintln!(
+            "warmpath: shard {}: backend {} of model {} answered 401 to the engine key read \
+             from {} ({count} so far on this shard): the engine refuses the key; check the \
+             file against the engine's --api-key (warmpath_backend_key_refused_total)",
+            cx.shard,
+            m.backends[usize::from(backend)].authority,
+            m.name,
+            path.display(),
+        );
     }
 }
 

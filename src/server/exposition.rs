@@ -567,14 +567,7 @@ impl<'a> Scrape<'a> {
             }
             Source::HitRatio => self.hit_ratios(out, name),
             Source::UpstreamErrors => self.upstream_errors(out, name),
-            Source::BackendCounter(pick) => {
-                for (model, m) in self.models.iter().enumerate() {
-                    for (backend, a) in self.backends[model].iter().enumerate() {
-                        let n = self.sum_model(model, |c| pick(c).get(backend).unwrap_or(&ZERO));
-                        put(out, name, &[("model", m), ("backend", a)], n);
-                    }
-                }
-            }
+            Source::BackendCounter(pick) => self.backend_counter(out, name, pick),
             Source::Tenant(key, values, pick) => {
                 for (index, t) in self.tenants.iter().enumerate() {
                     for (i, value) in values.iter().enumerate() {
@@ -758,6 +751,20 @@ impl<'a> Scrape<'a> {
                     });
                     put(out, name, &[("model", m), ("backend", a), ("kind", kind.name())], n);
                 }
+            }
+        }
+    }
+
+    fn backend_counter(
+        &self,
+        out: &mut String,
+        name: &str,
+        pick: fn(&ModelMetrics) -> &[AtomicU64],
+    ) {
+        for (model, m) in self.models.iter().enumerate() {
+            for (backend, a) in self.backends[model].iter().enumerate() {
+                let n = self.sum_model(model, |c| pick(c).get(backend).unwrap_or(&ZERO));
+                put(out, name, &[("model", m), ("backend", a)], n);
             }
         }
     }

@@ -66,6 +66,9 @@ fn main() {
         workload.truncate(None, Some(Duration::from_secs_f64(w)));
     }
     let compress = warmpath::bench::load::compression_for(&workload, &engines, load);
+    if std::env::var("DETAIL").is_ok() {
+        eprintln!("compression {compress:.6} trace seconds per simulated second");
+    }
     // JITTER=seed: each turn's offset moves by up to 200 simulated ms (another sample path).
     let mut jitter: u64 = std::env::var("JITTER").map(|v| v.parse().unwrap()).unwrap_or(0);
     for session in &mut workload.sessions {

@@ -93,11 +93,15 @@ save_sim_metrics() { # LABEL SIM1 SIM2: each engine's /metrics into $OUT/LABEL.s
 }
 
 start_sims() { # PORT1 PORT2 DIR: two fresh engines, seeds 1 and 2, as trace_compare starts them
-  # PROFILE1 / PROFILE2 (default h100-8b): each engine's `warmpath sim --profile`.
+  # PROFILE1 / PROFILE2 (default h100-8b): each engine's `warmpath sim --profile`;
+  # SIM_ARGS1 / SIM_ARGS2 (default none): more `warmpath sim` flags, overriding the profile's
+  # values (e.g. "--kv-blocks 10000"; the bench's load still follows the profile's).
+  # shellcheck disable=SC2086 # the extra flags are words
   start_bg "$3/sim1.log" "$WARMPATH" sim --listen "127.0.0.1:$1" --time-scale "$SIM_SCALE" \
-    --seed 1 --profile "${PROFILE1:-h100-8b}"
+    --seed 1 --profile "${PROFILE1:-h100-8b}" ${SIM_ARGS1:-}
+  # shellcheck disable=SC2086
   start_bg "$3/sim2.log" "$WARMPATH" sim --listen "127.0.0.1:$2" --time-scale "$SIM_SCALE" \
-    --seed 2 --profile "${PROFILE2:-h100-8b}"
+    --seed 2 --profile "${PROFILE2:-h100-8b}" ${SIM_ARGS2:-}
   wait_http "http://127.0.0.1:$1/health" && wait_http "http://127.0.0.1:$2/health"
 }
 

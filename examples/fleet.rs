@@ -198,18 +198,10 @@ fn main() {
     }
     if std::env::var("DETAIL").is_ok() {
         for (b, e) in report.engines.iter().enumerate() {
-            let mut ttft: Vec<f64> = report
-                .outcomes
-                .iter()
-                .filter(|o| o.backend as usize == b)
-                .filter_map(|o| o.ttft)
-                .collect();
-            let mut queued: Vec<f64> = report
-                .outcomes
-                .iter()
-                .filter(|o| o.backend as usize == b)
-                .map(|o| o.queued)
-                .collect();
+            let served: Vec<_> =
+                report.outcomes.iter().filter(|o| o.backend as usize == b).collect();
+            let mut ttft: Vec<f64> = served.iter().filter_map(|o| o.ttft).collect();
+            let mut queued: Vec<f64> = served.iter().map(|o| o.queued).collect();
             ttft.sort_by(f64::total_cmp);
             queued.sort_by(f64::total_cmp);
             let mid = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] * 1000.0 };

@@ -139,6 +139,24 @@ fn a_request_goes_where_its_prefix_is_cached_not_where_load_is_lowest() {
 }
 
 #[test]
+fn a_backend_decoding_more_costs_more_than_a_short_backlog() {
+    let mut h = H::new(params(2, 8));
+    // Backend 0 decodes request 1 (its first byte came); backend 1 has request 2's 128 tokens
+    // of prefill still to do.
+    assert_eq!(h.arrive(1, None, &chain(10, 2), 2 * BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.first_byte(1);
+    assert_eq!(h.arrive(2, None, &chain(20, 2), 2 * BLOCK_TOKENS, true), vec![(2, 1)]);
+    assert_eq!(h.s.backend_prefill_tokens(1), u64::from(2 * BLOCK_TOKENS));
+    // Nothing cached for request 3 anywhere: a decoding sequence (DECODE_WEIGHT tokens)
+    // outweighs 128 tokens of backlog.
+    assert!(u64::from(2 * BLOCK_TOKENS) < super::DECODE_WEIGHT);
+    assert_eq!(h.arrive(3, None, &chain(30, 2), 2 * BLOCK_TOKENS, false), vec![(3, 1)]);
+    // Once backend 1 decodes two (2 and 3) against backend 0's one, backend 0 is cheaper.
+    h.first_byte(2);
+    assert_eq!(h.arrive(4, None, &chain(40, 2), 2 * BLOCK_TOKENS, false), vec![(4, 0)]);
+}
+
+#[test]
 fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     let mut h = H::new(params(2, 8));
     let snapshot = |queries, hits| snapshot_of(0, queries, hits);

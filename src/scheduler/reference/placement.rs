@@ -6,7 +6,7 @@
 use crate::clock::Tick;
 
 use super::super::estimate;
-use super::super::placement::{CACHE_WEIGHT, INDEX_BLOCKS_MAX};
+use super::super::placement::{CACHE_WEIGHT, DECODE_WEIGHT, INDEX_BLOCKS_MAX};
 use super::super::tracker::reference::SessionTracker;
 use super::super::{IndexSize, Lane, Routing};
 use super::{Queued, Reference, NONE};
@@ -115,7 +115,13 @@ impl Reference {
                 return Some((index, home));
             }
             let cost = |b: u16| {
-                self.at_fastest(self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b), b)
+                let decoding =
+                    self.admitted.iter().filter(|a| a.backend == b && !a.prefill_pending).count()
+                        as u64;
+                let work = self.prefill(b)
+                    + CACHE_WEIGHT * self.uncached(request, b)
+                    + DECODE_WEIGHT * decoding;
+                self.at_fastest(work, b)
             };
             let best = |filter: &dyn Fn(u16) -> bool| {
                 (0..self.p.backends)

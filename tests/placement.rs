@@ -12,8 +12,20 @@ const M: &str = "m";
 
 /// A chat body: a shared system prompt (`system` repeated) and a user message.
 fn chat(system: &str, user: &str, session: Option<&str>) -> Vec<u8> {
+    chat_body(system, user, session, false)
+}
+
+/// [`chat`], streamed: held by the backend before its first byte, it is prefill backlog, not a
+/// sequence the engine decodes (which S16's cost weighs at `DECODE_WEIGHT` tokens, more than
+/// the fake backend's five-token prompts make any prefix worth).
+fn chat_streamed(system: &str, user: &str) -> Vec<u8> {
+    chat_body(system, user, None, true)
+}
+
+fn chat_body(system: &str, user: &str, session: Option<&str>, stream: bool) -> Vec<u8> {
     let body = serde_json::json!({
         "model": M,
+        "stream": stream,
         "messages": [
             {"role": "system", "content": system.repeat(40)},
             {"role": "user", "content": user},
@@ -44,7 +56,7 @@ fn requests_go_where_their_prefix_was_sent_and_others_where_the_load_is_lowest()
     // The home backend gets busier: a held request with the same system prompt goes there.
     home_backend.hold();
     let mut held = Conn::open(router.addr);
-    held.send(&chat(system, "Hold this one.", None));
+    held.send(&chat_streamed(system, "Hold this one."));
     home_backend.wait_holding(1);
     // Least-inflight would pick the idle backend; the shared prefix wins.
     let mut second = Conn::open(router.addr);
@@ -109,7 +121,7 @@ fn an_engine_restart_empties_its_prefix_index_and_placement_stops_counting_on_it
     // The home backend gets busier; the shared prefix still wins.
     home_backend.hold();
     let mut held = Conn::open(router.addr);
-    held.send(&chat(system, "Hold this one.", None));
+    held.send(&chat_streamed(system, "Hold this one."));
     home_backend.wait_holding(1);
     let mut second = Conn::open(router.addr);
     second.send(&chat(system, "Step two?", None));

@@ -205,9 +205,8 @@ impl Upstream {
 /// the log should say so without repeating it at every request).
 fn key_refused(model: u16, backend: u16, cx: &Cx) {
     let m = &cx.gen.models[usize::from(model)];
-    let Some(path) = m.backend_key.as_ref().and(m.config.backend_api_key_file.as_ref()) else {
-        return;
-    };
+    // The model sends its engine key exactly when its configuration names a key file.
+    let Some(path) = &m.config.backend_api_key_file else { return };
     let count = cx.metrics.models[usize::from(model)].count_key_refused(backend);
     if count.is_power_of_two() {
         eprintln!(

@@ -39,6 +39,37 @@ fn engine_profile(spec: &str) -> warmpath::sim::engine::EngineParams {
     p
 }
 
+/// Workloads unlike both traces, from the synthetic multi-turn generator (arrival times are
+/// compressed to the load like a trace's): `chat`, short prompts and long answers (a chat
+/// assistant: a few hundred tokens a turn, answers of 300); `agent`, a long shared system
+/// prompt (tool definitions), short steps and answers, many turns in quick succession.
+fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
+    use warmpath::bench::synthetic::MultiTurn;
+    let base = MultiTurn { rate: 5.0, duration: Duration::from_secs(400), ..MultiTurn::default() };
+    let spec = match name {
+        "chat" => MultiTurn {
+            turns: 5,
+            system_words: 80,
+            context_words: 150,
+            new_words: 40,
+            answer_tokens: 300,
+            think_mean: Duration::from_secs(8),
+            ..base
+        },
+        _ => MultiTurn {
+            rate: 2.0,
+            turns: 8,
+            system_words: 1500,
+            context_words: 300,
+            new_words: 80,
+            answer_tokens: 60,
+            think_mean: Duration::from_millis(500),
+            ..base
+        },
+    };
+    spec.workload()
+}
+
 #[allow(clippy::too_many_lines)] // the fleet lab's driver, older than the lint (issue [9])
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,6 +90,7 @@ fn main() {
             &trace::read_ragpulse(&trace::trace_file(&dir, trace::RAGPULSE_FILE).unwrap()).unwrap(),
             1.0,
         ),
+        "chat" | "agent" => synthetic(trace_name),
         other => panic!("unknown trace {other}"),
     };
     let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());

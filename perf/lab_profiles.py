@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Engine models beyond the three named profiles, in virtual time: warmpath with no key set
-against the model of sglang-router's `cache_aware`, on both traces, at two loads.
+against the model of sglang-router's `cache_aware`, on two traces and two synthetic workloads,
+at two loads.
 
 The named profiles (src/sim) are three GPUs. The engines warmpath will meet differ from them in
 KV capacity, batch limits, prefill and decode speed, so this lab runs each cell also on
@@ -10,11 +11,13 @@ each, then the ratio (below 1: warmpath is lower). It is a lab, not a result: th
 of perf/matrix.sh are. What it adds is engines no replay has.
 
     cargo build --release --example fleet
-    python3 perf/lab_profiles.py run lab-profiles.csv      # about 5 minutes on 2 cores
+    python3 perf/lab_profiles.py run lab-profiles.csv      # about 8 minutes on 2 cores
     python3 perf/lab_profiles.py summary lab-profiles.csv
 
-TARGETS (default `default cache_aware`) names the fleet example's routers to run; the first is
-compared with the second. Any other environment (a lab build's switches) passes through.
+TRACES (default `mooncake ragpulse chat agent`) names the workloads: the two traces and the
+fleet example's synthetic `chat` (short prompts, long answers) and `agent` (a long shared
+system prompt, short quick steps), which resemble neither trace. TARGETS (default `default
+cache_aware`) names the fleet example's routers to run; the first is compared with the second. Any other environment (a lab build's switches) passes through.
 Each CSV line: TARGET,SEED|the fleet example's CSV line.
 """
 import os
@@ -26,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 FLEET = os.environ.get("FLEET", "target/release/examples/fleet")
 SEEDS = os.environ.get("SEEDS", "012")
 TARGETS = os.environ.get("TARGETS", "default cache_aware").split()
-TRACES = ["mooncake", "ragpulse"]
+TRACES = os.environ.get("TRACES", "mooncake ragpulse chat agent").split()
 LOADS = ["0.7", "0.9"]
 PROFILES = [
     "h100-8b",

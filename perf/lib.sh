@@ -66,8 +66,20 @@ window_for() { # TRACE: trace seconds replayed
 # scraped from SIM1 SIM2; the bench's JSON goes to $OUT under LABEL, its output to
 # $TMP/bench.out and .err (the last lines are printed). Uses WARMPATH, OUT and TMP.
 replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
-  local front=$1 trace=$2 load=$3 label=$4 compress window duration pace
-  if [[ ${LOAD_MODE:-ratio} == profile ]]; then
+  local front=$1 trace=$2 load=$3 label=$4 compress window duration pace workload=$2
+  if [[ $trace == chat ]]; then
+    # The fleet lab's `chat` workload (examples/fleet.rs: short prompts, answers of 300 tokens,
+    # five turns), always paced by profile. The bench divides think times by its compression
+    # as well, the lab does not: CHAT_THINK_MS (default 11600, the lab's 8 s times its
+    # compression at load 0.9 on two h100-8b) keeps them about the lab's.
+    workload=multiturn
+    pace=(--rate 5 --duration 400s --turns 5 --system-words 80 --context-words 150
+      --new-words 40 --answer-tokens 300 --think-ms "${CHAT_THINK_MS:-11600}" --seed 1
+      --load "$load" --engine-profile "${PROFILE1:-h100-8b}"
+      --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
+    log "$label: chat at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
+      "(sims x$SIM_SCALE)"
+  elif [[ ${LOAD_MODE:-ratio} == profile ]]; then
     # The load as a fraction of the two engines' capacity by their profiles
     # (src/bench/load.rs), the whole trace replayed.
     pace=(--load "$load" --engine-profile "${PROFILE1:-h100-8b}"
@@ -80,7 +92,7 @@ replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
     pace=(--time-scale "$compress" --duration "$duration")
     log "$label: $trace x$compress for $duration of replay"
   fi
-  "$WARMPATH" bench --target "http://127.0.0.1:$front" --model sim-8b --workload "$trace" \
+  "$WARMPATH" bench --target "http://127.0.0.1:$front" --model sim-8b --workload "$workload" \
     "${pace[@]}" --no-progress --label "$label" \
     --engine-metrics "http://127.0.0.1:$5/metrics" \
     --engine-metrics "http://127.0.0.1:$6/metrics" \

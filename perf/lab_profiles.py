@@ -17,7 +17,8 @@ of perf/matrix.sh are. What it adds is engines no replay has.
 TRACES (default `mooncake ragpulse chat agent`) names the workloads: the two traces and the
 fleet example's synthetic `chat` (short prompts, long answers) and `agent` (a long shared
 system prompt, short quick steps), which resemble neither trace. TARGETS (default `default
-cache_aware`) names the fleet example's routers to run; the first is compared with the second. Any other environment (a lab build's switches) passes through.
+cache_aware`) names the fleet example's routers to run; the first is compared with the second.
+Any other environment (a lab build's switches) passes through.
 Each CSV line: TARGET,SEED|the fleet example's CSV line.
 """
 import os

@@ -93,13 +93,19 @@ fn healthy_backend_reports_its_summed_waiting_gauge() {
 const VLLM_CACHE: &str = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
 vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1000\"} 1.0\n\
 vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 5000.0\n\
-vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 1250.0\n";
+vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 1250.0\n\
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.375\n";
 
 #[test]
 fn snapshots_carry_what_the_engine_says_about_its_caches() {
     let snap = snapshot(|path| if path == "/health" { ok("") } else { ok(VLLM_CACHE) }, 2);
     assert_eq!((snap.healthy, snap.waiting), (true, Some(2)));
-    let cache = EngineCache { kv_capacity_tokens: 16_000, prefix_queries: 5000, prefix_hits: 1250 };
+    let cache = EngineCache {
+        kv_capacity_tokens: 16_000,
+        prefix_queries: 5000,
+        prefix_hits: 1250,
+        kv_usage_micro: 375_000,
+    };
     assert_eq!(snap.cache, cache);
     // A strange info gauge loses the capacity, not the waiting gauge or the counters.
     let snap = snapshot(
@@ -128,7 +134,13 @@ fn the_router_learns_the_kv_capacity_of_a_simulated_engine() {
     sim.stop();
     assert_eq!((snap.healthy, snap.waiting), (true, Some(0)));
     let capacity = params.kv_blocks * params.block_size;
-    let cache = EngineCache { kv_capacity_tokens: capacity, prefix_queries: 0, prefix_hits: 0 };
+    // An idle engine: nothing in its KV cache.
+    let cache = EngineCache {
+        kv_capacity_tokens: capacity,
+        prefix_queries: 0,
+        prefix_hits: 0,
+        kv_usage_micro: 0,
+    };
     assert_eq!(snap.cache, cache);
 }
 

@@ -117,6 +117,13 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
         );
         let capacity = u64::from(params.kv_blocks) * u64::from(params.block_size);
         assert_eq!(learned(i)["kv_capacity_tokens"].as_u64(), Some(capacity), "{name}");
+        // The KV pressure is the engines' usage gauge averaged: a fraction, with the decode
+        // weight it sets (125 + 2,000 × its square, rounded down in millionths).
+        let pressure = learned(i)["kv_pressure"].as_f64().expect("a KV pressure");
+        assert!((0.0..=1.0).contains(&pressure), "{name}: {pressure}");
+        let weight = learned(i)["decode_weight_tokens"].as_f64().expect("a decode weight");
+        let expected = 125.0 + 2000.0 * pressure * pressure;
+        assert!((weight - expected).abs() <= 1.0, "{name}: {weight} for {pressure}");
         println!("{name}: learned {rate:.0} tokens/s, true {truth:.0}; {}", learned(i));
     }
     assert!(samples.len() >= 10, "budget samples: {samples:?}");

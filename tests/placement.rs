@@ -16,8 +16,8 @@ fn chat(system: &str, user: &str, session: Option<&str>) -> Vec<u8> {
 }
 
 /// [`chat`], streamed: held by the backend before its first byte, it is prefill backlog, not a
-/// sequence the engine decodes (which S16's cost weighs at `DECODE_WEIGHT` tokens, more than
-/// the fake backend's five-token prompts make any prefix worth).
+/// sequence the engine decodes (which S16's cost weighs at least `DECODE_WEIGHT_MIN` tokens,
+/// more than the fake backend's five-token prompts make any prefix worth).
 fn chat_streamed(system: &str, user: &str) -> Vec<u8> {
     chat_body(system, user, None, true)
 }

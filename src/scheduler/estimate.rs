@@ -80,10 +80,21 @@
 //! predicts markedly less grows by a quarter, within [`INDEX_SCALE_MIN`]–[`INDEX_SCALE_MAX`]
 //! times its nominal size. With no exported capacity the calibration starts from the configured
 //! default. This is the "learned from hits and misses" path of issue \[8\].
+//!
+//! ## KV pressure ([`CacheModel::kv_usage`], per backend)
+//!
+//! How much a sequence a backend is decoding delays the next prefill there depends on how
+//! full the engine's KV cache runs: where the workload fills it, a new request waits for a
+//! decoding sequence to finish; where it never does, a decoding sequence costs a new request
+//! almost nothing. Each scrape's KV usage (vLLM's `kv_cache_usage_perc`, SGLang's
+//! `token_usage`) moves the backend's *pressure* a [`KV_PRESSURE_SCRAPES`]th of the way to it,
+//! an average over the last half-minute or so: the regime the workload puts the engine in,
+//! not one burst. The pressure sets the backend's decode weight in the S16 cost
+//! (`placement::decode_weight`).
 
 use crate::clock::Tick;
 
-use super::EngineCache;
+use super::{placement, EngineCache};
 
 /// First bytes per rate sample.
 pub const WINDOW_EVENTS: u32 = 8;
@@ -110,6 +121,9 @@ pub const INDEX_SCALE_MAX: u32 = 32;
 pub const INDEX_DEFAULT_BLOCKS: u32 = 8_192;
 /// The index's starting size, in quarters of its nominal size (2x).
 pub const INDEX_SCALE_START: u32 = 8;
+/// The scrapes a backend's KV pressure averages over ([`CacheModel::kv_usage`]): about half a
+/// minute at the default `metrics_interval` of one second.
+pub const KV_PRESSURE_SCRAPES: u64 = 32;
 
 /// Tokens per byte of request body, learned from responses' `usage.prompt_tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +307,12 @@ pub struct CacheModel {
     /// last was seen.
     pub restarts: u64,
     pub restarted_at: Tick,
+    /// The engine's KV usage averaged over its last scrapes ([`CacheModel::kv_usage`]), in
+    /// millionths, and when a scrape last reported it; what a sequence it is decoding adds to
+    /// its S16 cost, in tokens.
+    pub kv_pressure_micro: u64,
+    pub kv_pressure_at: Tick,
+    pub decode_weight: u64,
 }
 
 /// What a snapshot's cache report changed ([`CacheModel::snapshot`]).
@@ -321,6 +341,9 @@ impl CacheModel {
         index_scale: INDEX_SCALE_START,
         restarts: 0,
         restarted_at: 0,
+        kv_pressure_micro: 0,
+        kv_pressure_at: 0,
+        decode_weight: placement::decode_weight(0),
     };
 
     /// The engine is a new one at `now` (its counters went down, or its backend's address
@@ -393,6 +416,21 @@ impl CacheModel {
         reported
     }
 
+    /// A scrape at `now` reported the engine's KV usage (millionths; [`EngineCache::NO_USAGE`]
+    /// when not exported): the pressure moves a [`KV_PRESSURE_SCRAPES`]th of the way to it, so
+    /// it follows the workload's hold on the cache over the last few dozen scrapes, not one
+    /// burst, and the backend's decode weight follows the pressure.
+    pub fn kv_usage(&mut self, now: Tick, usage_micro: u32) {
+        if usage_micro == EngineCache::NO_USAGE {
+            return;
+        }
+        self.kv_pressure_at = now;
+        let usage = u64::from(usage_micro.min(1_000_000));
+        self.kv_pressure_micro =
+            (self.kv_pressure_micro * (KV_PRESSURE_SCRAPES - 1) + usage) / KV_PRESSURE_SCRAPES;
+        self.decode_weight = placement::decode_weight(self.kv_pressure_micro);
+    }
+
     /// Closes the calibration period at `now` if it holds enough tokens and the engine's side
     /// is known; returns whether the index scale changed.
     pub fn calibrate(&mut self, now: Tick) -> bool {
@@ -454,6 +492,11 @@ pub struct BackendEstimates {
     /// Restarts of its engine seen in its counters, and when the last was seen.
     pub restarts: u64,
     pub restarted_at: Tick,
+    /// Its KV usage averaged over the last scrapes (millionths) and when last reported; the
+    /// decode weight it sets in S16's cost (tokens per decoding sequence).
+    pub kv_pressure_micro: u64,
+    pub kv_pressure_at: Tick,
+    pub decode_weight: u64,
 }
 
 /// Everything a scheduler learns, and what it needs to remember per admitted request to learn

@@ -311,6 +311,15 @@ fn decode_input(
                     kv_capacity_tokens: [0, 300, 3000, 100_000][bytes.below(4) as usize],
                     prefix_queries: live.counters.0,
                     prefix_hits: live.counters.1,
+                    // Unknown, empty, half, nearly and wholly full, and over one (clamped).
+                    kv_usage_micro: [
+                        EngineCache::NO_USAGE,
+                        0,
+                        500_000,
+                        900_000,
+                        1_000_000,
+                        1_700_000,
+                    ][bytes.below(6) as usize],
                 };
             }
             // Now and then the report of a backend whose address moved (another engine).
@@ -419,6 +428,7 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
         assert_eq!(a, b, "prefill of {backend}, {}", context());
         let e = real.backend_estimates(backend);
         let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity, e.restarts);
+        let a = (a, e.kv_pressure_micro);
         assert_eq!(a, model.backend_estimates(backend), "estimates of {backend}, {}", context());
     }
     assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());

@@ -172,6 +172,9 @@ impl Scheduler {
             counter_at: cache.counter_at,
             restarts: cache.restarts,
             restarted_at: cache.restarted_at,
+            kv_pressure_micro: cache.kv_pressure_micro,
+            kv_pressure_at: cache.kv_pressure_at,
+            decode_weight: cache.decode_weight,
             index_capacity: self
                 .prefix
                 .as_ref()

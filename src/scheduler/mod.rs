@@ -661,6 +661,7 @@ impl Scheduler {
             // Counted before this report's counters, which are then the new engine's first.
             model.restarted(now);
         }
+        model.kv_usage(now, cache.kv_usage_micro);
         let reported =
             model.snapshot(now, cache.kv_capacity_tokens, cache.prefix_queries, cache.prefix_hits);
         if reported.restarted || snapshot.new_engine {

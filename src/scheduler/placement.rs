@@ -2,8 +2,9 @@
 //!
 //! A backend's *cost* for a request is its prefill backlog (S6.3) plus [`CACHE_WEIGHT`] times
 //! the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
-//! (`prompt_tokens − matched blocks × prefix_block_bytes / 4`) plus [`DECODE_WEIGHT`] tokens
-//! per sequence the backend is decoding, in time at its learned prefill rate. An admission
+//! (`prompt_tokens − matched blocks × prefix_block_bytes / 4`) plus its [`decode_weight`] in
+//! tokens per sequence the backend is decoding (more as its KV cache runs fuller), in time at
+//! its learned prefill rate. An admission
 //! scans at most `placement_scan_max` queued requests in S3 order (retry, forced, boosted by
 //! completion time, normal; normal before boosted when S5's streak bound is due) and admits the
 //! first that can go somewhere now:
@@ -79,15 +80,33 @@ pub(super) struct Prefix {
 pub const CACHE_WEIGHT: u64 = 8;
 
 /// What a sequence a backend is decoding (admitted, first byte seen) adds to its cost, in
-/// tokens. A decoding sequence holds the engine's KV cache until it ends, so on an engine bound
-/// by its cache a backend decoding more starts a new prefill later, which the prefill backlog
-/// does not show. Chosen by measurement over ten engine models, two traces and two loads in
-/// the fleet model and real replays of the worst cell (`perf/RESULTS.md`, "A decode term in the
-/// placement cost" and "The decode term landed"): on RAGPulse with a 70B model whose KV cache
-/// holds 160,000 tokens, warmpath's median TTFT went from 1.2–1.6x sglang-router's to about
-/// its equal (follow-ups 0.8x), at a cost of about 4 % (1 ms) on the medians of engines with
-/// room to spare, and Mooncake unchanged.
-pub const DECODE_WEIGHT: u64 = 1000;
+/// tokens: [`DECODE_WEIGHT_MIN`] plus [`DECODE_WEIGHT_KV`] times the square of the backend's
+/// KV pressure (its KV usage averaged over its last scrapes, `estimate::CacheModel::kv_usage`;
+/// `pressure_micro` in millionths).
+///
+/// A decoding sequence holds the engine's KV cache until it ends, so on an engine whose cache
+/// the workload fills, a backend decoding more starts a new prefill later, which the prefill
+/// backlog does not show; on an engine with room to spare it delays the next prefill by little
+/// more than its share of a step, and weighing it as much sends follow-ups away from their
+/// cached prefixes for nothing. The square keeps the weight small until the cache runs more
+/// than half full. The floor is for the limit the router cannot see: an engine that runs at
+/// most `max_num_seqs` sequences holds back new ones however empty its cache is.
+///
+/// Chosen by measurement over ten engine models, two traces, two synthetic workloads and two
+/// loads in the fleet model (`perf/RESULTS.md`, "A decode weight learned from the KV
+/// pressure"): against the constant 1,000 tokens it replaced, the worst all-request TTFT p99
+/// against sglang-router's `cache_aware` went from 2.3x to 1.25x (a chat workload of short
+/// prompts and long answers), and the KV-bound RAGPulse cell the constant was for kept its
+/// gain.
+pub const fn decode_weight(pressure_micro: u64) -> u64 {
+    let p = if pressure_micro < 1_000_000 { pressure_micro } else { 1_000_000 };
+    DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000
+}
+
+/// The decode weight of a backend whose KV cache stays empty ([`decode_weight`]).
+pub const DECODE_WEIGHT_MIN: u64 = 125;
+/// What a full KV cache adds to the decode weight ([`decode_weight`]).
+pub const DECODE_WEIGHT_KV: u64 = 2000;
 
 /// The largest auto-sized prefix index, in blocks (64 MiB of prompt text per backend).
 pub const INDEX_BLOCKS_MAX: u64 = 1 << 18;
@@ -371,7 +390,7 @@ impl Scheduler {
             let decoding = u64::from(backend.inflight - backend.prefill_pending);
             let work = backend.prefill_tokens
                 + CACHE_WEIGHT * self.uncached(index, b)
-                + DECODE_WEIGHT * decoding;
+                + self.learned.cache[b].decode_weight * decoding;
             (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {

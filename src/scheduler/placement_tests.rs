@@ -139,7 +139,7 @@ fn a_request_goes_where_its_prefix_is_cached_not_where_load_is_lowest() {
 }
 
 #[test]
-fn a_backend_decoding_more_costs_more_than_a_short_backlog() {
+fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     let mut h = H::new(params(2, 8));
     // Backend 0 decodes request 1 (its first byte came); backend 1 has request 2's 128 tokens
     // of prefill still to do.
@@ -147,13 +147,55 @@ fn a_backend_decoding_more_costs_more_than_a_short_backlog() {
     h.first_byte(1);
     assert_eq!(h.arrive(2, None, &chain(20, 2), 2 * BLOCK_TOKENS, true), vec![(2, 1)]);
     assert_eq!(h.s.backend_prefill_tokens(1), u64::from(2 * BLOCK_TOKENS));
-    // Nothing cached for request 3 anywhere: a decoding sequence (DECODE_WEIGHT tokens)
-    // outweighs 128 tokens of backlog.
-    assert!(u64::from(2 * BLOCK_TOKENS) < super::DECODE_WEIGHT);
-    assert_eq!(h.arrive(3, None, &chain(30, 2), 2 * BLOCK_TOKENS, false), vec![(3, 1)]);
-    // Once backend 1 decodes two (2 and 3) against backend 0's one, backend 0 is cheaper.
-    h.first_byte(2);
-    assert_eq!(h.arrive(4, None, &chain(40, 2), 2 * BLOCK_TOKENS, false), vec![(4, 0)]);
+    // No KV usage reported: a decoding sequence weighs the floor, less than that backlog, and
+    // request 3 (nothing cached anywhere) goes to the backend that decodes.
+    assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
+    assert!(super::DECODE_WEIGHT_MIN < u64::from(2 * BLOCK_TOKENS));
+    assert_eq!(h.arrive(3, None, &chain(30, 2), 2 * BLOCK_TOKENS, true), vec![(3, 0)]);
+    h.complete(3);
+    // Backend 0's engine reports its KV cache full, scrape after scrape: the pressure climbs
+    // toward one (a 32nd of the way each time) and the weight with it.
+    let full = |h: &mut H, scrapes: u32| {
+        for _ in 0..scrapes {
+            let mut snapshot = Snapshot::new(true, Some(0), 0);
+            snapshot.cache = EngineCache { kv_usage_micro: 1_000_000, ..EngineCache::UNKNOWN };
+            h.send(Input::Snapshot { backend: 0, snapshot });
+        }
+        h.s.backend_estimates(0)
+    };
+    let e = full(&mut h, 1);
+    assert_eq!((e.kv_pressure_micro, e.decode_weight), (31_250, super::decode_weight(31_250)));
+    assert_eq!(e.decode_weight, super::DECODE_WEIGHT_MIN + 1, "a 32nd of full: almost nothing");
+    let e = full(&mut h, 99);
+    assert!(e.kv_pressure_micro > 950_000, "{e:?}");
+    assert!(e.decode_weight > 1_900, "{e:?}");
+    assert_eq!(h.s.backend_estimates(1).decode_weight, super::DECODE_WEIGHT_MIN, "its own");
+    // The same placement as request 3's now goes to the backend with the backlog.
+    assert_eq!(h.arrive(4, None, &chain(40, 2), 2 * BLOCK_TOKENS, true), vec![(4, 1)]);
+    // A scrape without the gauge changes nothing; reports of an emptier cache bring it down.
+    let before = h.s.backend_estimates(0);
+    h.send(snapshot_of(0, EngineCache::NO_COUNTER, EngineCache::NO_COUNTER));
+    assert_eq!(h.s.backend_estimates(0).kv_pressure_micro, before.kv_pressure_micro);
+    for _ in 0..200 {
+        let mut snapshot = Snapshot::new(true, Some(0), 0);
+        snapshot.cache = EngineCache { kv_usage_micro: 0, ..EngineCache::UNKNOWN };
+        h.send(Input::Snapshot { backend: 0, snapshot });
+    }
+    assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
+}
+
+#[test]
+fn the_decode_weight_grows_with_the_square_of_the_pressure() {
+    use super::{decode_weight, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN};
+    assert_eq!(decode_weight(0), DECODE_WEIGHT_MIN);
+    assert_eq!(decode_weight(500_000), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV / 4);
+    assert_eq!(decode_weight(1_000_000), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV);
+    assert_eq!(decode_weight(u64::MAX), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV, "at most full");
+    let mut last = 0;
+    for p in (0..=1_000_000).step_by(1_000) {
+        assert!(decode_weight(p) >= last, "monotone at {p}");
+        last = decode_weight(p);
+    }
 }
 
 #[test]
@@ -187,7 +229,7 @@ fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     h.send(snapshot_of(1, 900_000, 10));
     let mut moved = Snapshot::new(true, Some(0), 0);
     moved.new_engine = true;
-    moved.cache = EngineCache { kv_capacity_tokens: 0, prefix_queries: 990_000, prefix_hits: 20 };
+    moved.cache = EngineCache { prefix_queries: 990_000, prefix_hits: 20, ..EngineCache::UNKNOWN };
     h.now = 9;
     h.send(Input::Snapshot { backend: 1, snapshot: moved });
     assert_eq!(h.s.prefix_index_len(1), 0);
@@ -200,7 +242,7 @@ fn an_engine_that_restarted_is_placed_as_holding_nothing() {
 fn snapshot_of(backend: u16, queries: u64, hits: u64) -> Input {
     let mut snapshot = Snapshot::new(true, Some(0), 0);
     snapshot.cache =
-        EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
+        EngineCache { prefix_queries: queries, prefix_hits: hits, ..EngineCache::UNKNOWN };
     Input::Snapshot { backend, snapshot }
 }
 

@@ -69,16 +69,23 @@ pub struct EngineCache {
     /// `vllm:prefix_cache_hits_total`); [`EngineCache::NO_COUNTER`] when not exported.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// The share of the KV cache in use, in millionths (at most 1,000,000); vLLM
+    /// `vllm:kv_cache_usage_perc` (or `vllm:gpu_cache_usage_perc`), SGLang `sglang:token_usage`;
+    /// [`EngineCache::NO_USAGE`] when not exported.
+    pub kv_usage_micro: u32,
 }
 
 impl EngineCache {
     /// A counter the engine does not export.
     pub const NO_COUNTER: u64 = u64::MAX;
+    /// A KV usage the engine does not export.
+    pub const NO_USAGE: u32 = u32::MAX;
     /// Nothing known.
     pub const UNKNOWN: EngineCache = EngineCache {
         kv_capacity_tokens: 0,
         prefix_queries: EngineCache::NO_COUNTER,
         prefix_hits: EngineCache::NO_COUNTER,
+        kv_usage_micro: EngineCache::NO_USAGE,
     };
 }
 

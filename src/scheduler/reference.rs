@@ -113,6 +113,9 @@ struct Learned {
     /// Engine restarts seen in the counters or reported, and the tick of the last.
     restarts: u64,
     restarted_at: Tick,
+    /// The KV usage averaged over the scrapes, millionths: each moves it a
+    /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
+    pressure: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +158,22 @@ impl Tenant {
 }
 
 impl Learned {
+    /// A snapshot's prefix-cache counters: the hits over the queries since the last ones
+    /// stand for the calibration period's engine side when no response reported its own.
+    fn count(&mut self, queries: u64, hits: u64) {
+        if let Some((q0, h0)) = self.counters {
+            if queries > q0 && hits >= h0 {
+                let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
+                self.counter_seen = true;
+                if !self.period.3 {
+                    let share = u128::from(dh) * u128::from(self.period.0) / u128::from(dq);
+                    self.period.2 = u64::try_from(share).unwrap_or(u64::MAX);
+                }
+            }
+        }
+        self.counters = Some((queries, hits));
+    }
+
     /// Nothing learned yet.
     fn new() -> Learned {
         Learned {
@@ -170,6 +189,7 @@ impl Learned {
             index_scale: estimate::INDEX_SCALE_START,
             restarts: 0,
             restarted_at: 0,
+            pressure: 0,
         }
     }
 }
@@ -331,15 +351,15 @@ impl Reference {
     }
 
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
-    /// index capacity, engine restarts (the ticks of each change are not restated: the
-    /// harness compares these fields only).
-    pub fn backend_estimates(&self, backend: u16) -> (u64, u64, u64, u64, u64, u64) {
+    /// index capacity, engine restarts; KV pressure (the ticks of each change are not
+    /// restated: the harness compares these fields only).
+    pub fn backend_estimates(&self, backend: u16) -> ((u64, u64, u64, u64, u64, u64), u64) {
         let b = usize::from(backend);
         let rate = self.rate(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
-        (rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts)
+        ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), l.pressure)
     }
 
     /// The tick at which the earliest timer fires.
@@ -679,6 +699,11 @@ impl Reference {
         if cache.kv_capacity_tokens != 0 {
             l.capacity = u64::from(cache.kv_capacity_tokens);
         }
+        if cache.kv_usage_micro != EngineCache::NO_USAGE {
+            let usage = u64::from(cache.kv_usage_micro).min(1_000_000);
+            let n = estimate::KV_PRESSURE_SCRAPES;
+            l.pressure = (l.pressure * (n - 1) + usage) / n;
+        }
         let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);
         let counted = queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER;
         // A new engine: said by the report (its address moved), or a counter that went down.
@@ -695,17 +720,7 @@ impl Reference {
             }
         }
         if counted {
-            if let Some((q0, h0)) = l.counters {
-                if queries > q0 && hits >= h0 {
-                    let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
-                    l.counter_seen = true;
-                    if !l.period.3 {
-                        let share = u128::from(dh) * u128::from(l.period.0) / u128::from(dq);
-                        l.period.2 = u64::try_from(share).unwrap_or(u64::MAX);
-                    }
-                }
-            }
-            l.counters = Some((queries, hits));
+            l.count(queries, hits);
         }
         if changed || self.calibrate(backend) {
             self.resize_index(backend);

@@ -536,7 +536,7 @@ fn a_turn_served_before_its_engine_restarted_is_neither_boosted_nor_sent_home() 
     let counters = |h: &mut Harness, queries, hits| {
         let mut snapshot = Snapshot::new(true, Some(0), h.now);
         let cache =
-            EngineCache { kv_capacity_tokens: 0, prefix_queries: queries, prefix_hits: hits };
+            EngineCache { prefix_queries: queries, prefix_hits: hits, ..EngineCache::UNKNOWN };
         snapshot.cache = cache;
         h.send(Input::Snapshot { backend: 1, snapshot })
     };

@@ -15,7 +15,9 @@
 //! | `prefix_queries`     | `vllm:prefix_cache_queries_total`, else `vllm:gpu_prefix_cache_queries_total` | `sglang:prompt_tokens_total`  |
 //! | `prefix_hits`        | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`   | `sglang:cached_tokens_total`  |
 //!
-//! An older vLLM name is used only when the body holds no series of the newer one.
+//! An older vLLM name is used only when the body holds no series of the newer one. Each field
+//! is summed over its family's series (one per data-parallel engine), except `cache_usage`, a
+//! fraction of each engine's own cache, which is their mean.
 //!
 //! Where the names come from:
 //! - **vLLM** (V1 engine): `vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`. The gauges and
@@ -180,8 +182,8 @@ pub struct EngineGauges {
     pub waiting: Option<f64>,
     /// Requests the engine is running (decoding or prefilling).
     pub running: Option<f64>,
-    /// KV-cache usage: a fraction in `[0, 1]` for one series, the sum of the fractions when the
-    /// engine exports several (see the module doc).
+    /// KV-cache usage, a fraction in `[0, 1]`: the mean over the family's series when the
+    /// engine exports several (one per data-parallel engine, each with its own cache).
     pub cache_usage: Option<f64>,
     /// KV-cache capacity in tokens.
     pub kv_capacity_tokens: Option<f64>,
@@ -202,7 +204,7 @@ impl EngineGauges {
     /// What the scrape says about the engine's caches, as `scheduler::Snapshot::cache` takes
     /// it: values rounded to the nearest integer; a capacity saturating at `u32::MAX` (0 when
     /// unknown), counters at one below [`EngineCache::NO_COUNTER`] (which stands for a counter
-    /// not exported).
+    /// not exported), the KV usage in millionths and at most one whole.
     pub fn cache(&self) -> EngineCache {
         let counter = |value: Option<f64>| {
             value.map_or(EngineCache::NO_COUNTER, |v| {
@@ -213,6 +215,9 @@ impl EngineGauges {
             kv_capacity_tokens: self.kv_capacity_tokens.map_or(0, |v| v.round() as u32),
             prefix_queries: counter(self.prefix_queries),
             prefix_hits: counter(self.prefix_hits),
+            kv_usage_micro: self
+                .cache_usage
+                .map_or(EngineCache::NO_USAGE, |usage| (usage.min(1.0) * 1e6).round() as u32),
         }
     }
 }
@@ -303,19 +308,24 @@ pub fn parse_gauges(
     check_body(text, limits)?;
     let families = kind.families();
     let mut sums = [None; SUMS];
+    let mut series = [0u32; SUMS];
     let mut capacity = Capacity::Unseen;
     for (number, line, name) in lines(text) {
         let Some(&(family, field)) = families.iter().find(|(f, _)| f.as_bytes() == name) else {
             continue; // comments, blank lines and every family we do not need
         };
         match field {
-            Field::Sum(sum) => add_sample(line, number, family, limits, &mut sums[sum as usize])?,
+            Field::Sum(sum) => {
+                add_sample(line, number, family, limits, &mut sums[sum as usize])?;
+                series[sum as usize] += 1;
+            }
             Field::CacheConfigInfo => {
                 capacity = capacity.add(series_capacity(line, family, limits));
             }
         }
     }
     let sum = |s: Sum| sums[s as usize];
+    let mean = |s: Sum| sum(s).map(|total| total / f64::from(series[s as usize]));
     let prefix_queries = sum(Sum::PrefixQueries).or(sum(Sum::PrefixQueriesLegacy));
     let mut prefix_hits = sum(Sum::PrefixHits).or(sum(Sum::PrefixHitsLegacy));
     if kind == EngineKind::Sglang && prefix_queries.is_some() {
@@ -325,7 +335,7 @@ pub fn parse_gauges(
     Ok(EngineGauges {
         waiting: sum(Sum::Waiting),
         running: sum(Sum::Running),
-        cache_usage: sum(Sum::CacheUsage).or(sum(Sum::CacheUsageLegacy)),
+        cache_usage: mean(Sum::CacheUsage).or(mean(Sum::CacheUsageLegacy)),
         kv_capacity_tokens: sum(Sum::KvCapacity).or(capacity.tokens()),
         prefix_queries,
         prefix_hits,

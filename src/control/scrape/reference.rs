@@ -50,7 +50,7 @@ pub fn parse_gauges(
             body_bytes_max: limits.body_bytes_max,
         });
     }
-    let mut sums: Vec<(&str, f64)> = Vec::new();
+    let mut sums: Vec<(&str, f64, f64)> = Vec::new();
     let mut capacities: Vec<Option<u64>> = Vec::new();
     for (index, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line = raw.strip_suffix(b"\r").unwrap_or(raw);
@@ -72,13 +72,14 @@ pub fn parse_gauges(
             return Err(ScrapeError::LineTooLong { line: number, family });
         }
         let value = sample.ok_or(ScrapeError::Malformed { line: number, family })?.value;
-        let sum = match sums.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, sum)) => {
+        let sum = match sums.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, sum, series)) => {
                 *sum += value;
+                *series += 1.0;
                 *sum
             }
             None => {
-                sums.push((key, value));
+                sums.push((key, value, 1.0));
                 value
             }
         };
@@ -86,7 +87,8 @@ pub fn parse_gauges(
             return Err(ScrapeError::BadValue { line: number, family });
         }
     }
-    let get = |key: &str| sums.iter().find(|(k, _)| *k == key).map(|&(_, sum)| sum);
+    let get = |key: &str| sums.iter().find(|(k, _, _)| *k == key).map(|&(_, sum, _)| sum);
+    let mean = |key: &str| sums.iter().find(|(k, _, _)| *k == key).map(|&(_, sum, n)| sum / n);
     let info = if capacities.is_empty() || capacities.contains(&None) {
         None
     } else {
@@ -100,7 +102,7 @@ pub fn parse_gauges(
     Ok(EngineGauges {
         waiting: get("waiting"),
         running: get("running"),
-        cache_usage: get("usage").or(get("usage_old")),
+        cache_usage: mean("usage").or(mean("usage_old")),
         kv_capacity_tokens: get("capacity").or(info.map(|tokens| tokens as f64)),
         prefix_queries: queries,
         prefix_hits: hits,

@@ -72,8 +72,9 @@ fn waiting(value: f64) -> EngineGauges {
 const WAITING: &str = "vllm:num_requests_waiting";
 
 #[test]
-fn vllm_sample_sums_the_series_of_each_family() {
-    assert_eq!(vllm(VLLM), Ok(gauges(7.0, 7.0, 0.375)));
+fn vllm_sample_sums_the_series_of_each_family_and_averages_the_kv_usage() {
+    // Two data-parallel engines, each with its own KV cache: 0.25 and 0.125 in use.
+    assert_eq!(vllm(VLLM), Ok(gauges(7.0, 7.0, 0.1875)));
     assert_eq!(vllm(VLLM).unwrap().waiting_count(), Some(7));
 }
 
@@ -93,7 +94,7 @@ fn each_engine_reads_only_its_own_families() {
 fn older_vllm_cache_name_is_a_fallback() {
     let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n\
                vllm:gpu_cache_usage_perc{model_name=\"n\"} 0.25\n";
-    assert_eq!(vllm(old).unwrap().cache_usage, Some(0.75));
+    assert_eq!(vllm(old).unwrap().cache_usage, Some(0.375));
     let both = format!("{old}vllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.125\n");
     assert_eq!(vllm(&both).unwrap().cache_usage, Some(0.125));
     let new_first = format!("vllm:kv_cache_usage_perc 0\n{old}");
@@ -152,7 +153,7 @@ fn values_and_timestamps() {
 #[test]
 fn crlf_and_blank_lines_are_tolerated() {
     let crlf = VLLM.replace('\n', "\r\n");
-    assert_eq!(vllm(&crlf), Ok(gauges(7.0, 7.0, 0.375)));
+    assert_eq!(vllm(&crlf), Ok(gauges(7.0, 7.0, 0.1875)));
     let blanks = format!("\n\n  \n\t\r\n{WAITING} 3\r\n\r\n");
     assert_eq!(vllm(&blanks), Ok(waiting(3.0)));
     assert_eq!(vllm(&format!("{WAITING} 3\r")), Ok(waiting(3.0)));
@@ -164,7 +165,7 @@ fn garbage_and_non_utf8_in_unrelated_lines_are_skipped() {
     body.extend_from_slice(b"vllm:other\xff 1\nvllm:other{a=\"\\q\"} NaN\nbar -Inf\n");
     body.extend_from_slice(b"# TYPE vllm:num_requests_waiting \xff\n=== \t\n");
     body.extend_from_slice(format!("{}\n{}", "x".repeat(100_000), VLLM).as_bytes());
-    assert_eq!(parse(EngineKind::Vllm, &body), Ok(gauges(7.0, 7.0, 0.375)));
+    assert_eq!(parse(EngineKind::Vllm, &body), Ok(gauges(7.0, 7.0, 0.1875)));
 }
 
 #[test]
@@ -368,8 +369,9 @@ fn vllm_cache_fields_are_summed_over_engines() {
     let cache = gauges.cache();
     assert_eq!(cache.kv_capacity_tokens, 884_736);
     assert_eq!((cache.prefix_queries, cache.prefix_hits), (200_000, 120_000));
-    // Bodies without them: nothing known.
-    assert_eq!(vllm(VLLM).unwrap().cache(), EngineCache::UNKNOWN);
+    // Bodies without them: nothing known but the KV usage.
+    let usage = EngineCache { kv_usage_micro: 187_500, ..EngineCache::UNKNOWN };
+    assert_eq!(vllm(VLLM).unwrap().cache(), usage);
 }
 
 #[test]
@@ -472,7 +474,8 @@ fn sglang_cache_fields() {
     // Without the prompt-token counter neither is known; the hit-rate gauge is not a counter.
     let gauges = parse(EngineKind::Sglang, SGLANG.as_bytes()).unwrap();
     assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (None, None));
-    assert_eq!(gauges.cache(), EngineCache::UNKNOWN);
+    let usage = EngineCache { kv_usage_micro: 500_000, ..EngineCache::UNKNOWN };
+    assert_eq!(gauges.cache(), usage, "only its token usage");
     // vLLM's absent hits stay unknown: its counters exist from the start.
     let gauges = vllm("vllm:prefix_cache_queries_total 7\n").unwrap();
     assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(7.0), None));
@@ -493,6 +496,12 @@ fn cache_rounds_and_saturates() {
     let gauges = EngineGauges { kv_capacity_tokens: Some(1600.4), ..EngineGauges::default() };
     assert_eq!(gauges.cache().kv_capacity_tokens, 1600);
     assert_eq!(gauges.cache().prefix_hits, EngineCache::NO_COUNTER);
+    assert_eq!(gauges.cache().kv_usage_micro, EngineCache::NO_USAGE);
+    // A usage over one (an engine rounding, or a sum of several) is one whole.
+    for (usage, micro) in [(0.123_456_7, 123_457), (1.0, 1_000_000), (1.7, 1_000_000)] {
+        let gauges = EngineGauges { cache_usage: Some(usage), ..EngineGauges::default() };
+        assert_eq!(gauges.cache().kv_usage_micro, micro, "{usage}");
+    }
 }
 
 #[test]

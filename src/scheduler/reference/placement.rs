@@ -6,7 +6,9 @@
 use crate::clock::Tick;
 
 use super::super::estimate;
-use super::super::placement::{CACHE_WEIGHT, DECODE_WEIGHT, INDEX_BLOCKS_MAX};
+use super::super::placement::{
+    CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX,
+};
 use super::super::tracker::reference::SessionTracker;
 use super::super::{IndexSize, Lane, Routing};
 use super::{Queued, Reference, NONE};
@@ -118,9 +120,11 @@ impl Reference {
                 let decoding =
                     self.admitted.iter().filter(|a| a.backend == b && !a.prefill_pending).count()
                         as u64;
-                let work = self.prefill(b)
-                    + CACHE_WEIGHT * self.uncached(request, b)
-                    + DECODE_WEIGHT * decoding;
+                // The decode weight grows with the square of the KV pressure, from a floor.
+                let p = self.learned[usize::from(b)].pressure;
+                let weight = DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
+                let work =
+                    self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b) + weight * decoding;
                 self.at_fastest(work, b)
             };
             let best = |filter: &dyn Fn(u16) -> bool| {

@@ -784,3 +784,43 @@ fn binary_runs_fixed_rate_and_refuses_bad_arguments() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(server.arrivals().len(), 110);
 }
+
+/// `--load` paces multiturn as it paces a trace: arrivals and think times compressed by the
+/// factor that makes the workload offer that share of the engines' capacity (times the sims'
+/// time scale), and every session of the generation window sent, however far the compression
+/// stretches it. Fixed-rate, which has no load to scale, refuses it.
+#[test]
+fn load_paces_multiturn_and_is_refused_for_fixed_rate() {
+    use clap::Parser;
+    let parse = |extra: &[&str]| {
+        let mut args = vec!["bench", "--target", "http://127.0.0.1:9", "--no-progress"];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args).expect("parses").bench
+    };
+    let multiturn =
+        ["--workload", "multiturn", "--rate", "4", "--duration", "20s", "--think-ms", "2000"];
+    let plain = bench::build_workload(&parse(&multiturn)).expect("a workload");
+    let profile = warmpath::sim::profile("l4-3b").expect("a profile");
+    for (load, sim_scale) in [("0.05", "1"), ("0.9", "8")] {
+        let mut args = multiturn.to_vec();
+        args.extend(["--load", load, "--engine-profile", "l4-3b", "--engine-profile", "l4-3b"]);
+        args.extend(["--sim-scale", sim_scale]);
+        let paced = bench::build_workload(&parse(&args)).expect("a paced workload");
+        let factor =
+            bench::load::compression_for(&plain, &[profile, profile], load.parse().unwrap())
+                * sim_scale.parse::<f64>().unwrap();
+        assert_eq!(paced.requests(), plain.requests(), "load {load}: every session is sent");
+        for (a, b) in plain.sessions.iter().zip(&paced.sessions) {
+            for (t, u) in a.turns.iter().zip(&b.turns) {
+                let close = |x: Duration, y: Duration| {
+                    (x.as_secs_f64() / factor - y.as_secs_f64()).abs() < 1e-6
+                };
+                assert!(close(t.at, u.at) && close(t.think, u.think), "load {load}: {t:?} {u:?}");
+            }
+        }
+    }
+    let mut fixed = vec!["--workload", "fixed-rate", "--load", "0.5"];
+    fixed.extend(["--engine-profile", "l4-3b"]);
+    let code = bench::run(&parse(&fixed));
+    assert_eq!(format!("{code:?}"), format!("{:?}", std::process::ExitCode::from(2)));
+}

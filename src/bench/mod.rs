@@ -101,9 +101,10 @@ pub struct BenchArgs {
     /// 1000 for ragpulse].
     #[arg(long, value_name = "FACTOR")]
     pub time_scale: Option<f64>,
-    /// Replay a trace at this fraction of the capacity of simulated engines (`warmpath sim`)
-    /// instead of `--time-scale`: needs `--engine-profile`, one per engine (see
-    /// `src/bench/load.rs` for what capacity means).
+    /// Replay a trace, or run multiturn, at this fraction of the capacity of simulated engines
+    /// (`warmpath sim`) instead of `--time-scale`: needs `--engine-profile`, one per engine
+    /// (see `src/bench/load.rs` for what capacity means). Multiturn's arrivals and think
+    /// times are compressed alike.
     #[arg(long, value_name = "FRACTION", conflicts_with = "time_scale")]
     pub load: Option<f64>,
     /// With `--load`: the profile of each engine behind the target, in order (repeat it per
@@ -344,7 +345,10 @@ pub fn build_workload(args: &BenchArgs) -> std::io::Result<Workload> {
         let scale = load::compression_for(&workload, &profiles, target) * args.sim_scale;
         workload.compress(scale);
     }
-    workload.truncate(args.max_requests, args.duration);
+    // A multiturn workload's duration is the window its sessions arrived in before any
+    // compression; all of it is sent.
+    let window = if args.workload == WorkloadKind::Multiturn { None } else { args.duration };
+    workload.truncate(args.max_requests, window);
     Ok(workload)
 }
 
@@ -366,10 +370,8 @@ fn check(args: &BenchArgs) -> Result<(), String> {
         _ if args.load.is_some() && args.engine_profiles.is_empty() => {
             Err("--load needs --engine-profile, once per engine behind the target".into())
         }
-        _ if args.load.is_some()
-            && matches!(args.workload, WorkloadKind::Multiturn | WorkloadKind::FixedRate) =>
-        {
-            Err("--load applies to trace replays (mooncake, ragpulse)".into())
+        _ if args.load.is_some() && args.workload == WorkloadKind::FixedRate => {
+            Err("--load applies to trace replays and multiturn, not to fixed-rate".into())
         }
         _ if !(args.sim_scale.is_finite() && args.sim_scale > 0.0) => {
             Err("--sim-scale must be a positive number".into())

@@ -220,10 +220,11 @@ fn main() {
         for (b, e) in report.estimates.iter().enumerate() {
             let rate = if e.rate.1 > 0 { e.rate.0 as f64 / e.rate.1 as f64 * 1e9 } else { 0.0 };
             eprintln!(
-                "backend {b}: rate {rate:.0} tok/s (true {:.0}) budget set at {:.1}s budget {} kv {} index {} hit pred {:.3} engine {:.3} counter {:?}",
+                "backend {b}: rate {rate:.0} tok/s (true {:.0}) budget set at {:.1}s budget {} kv {} index {} hit pred {:.3} engine {:.3} counter {:?} kv pressure {:.2} decode weight {}",
                 warmpath::sim::prefill_capacity(&spec.engines[b]),
                 e.budget_at as f64 / 1e9, e.budget, e.kv_capacity_tokens, e.index_capacity,
-                e.predicted_hit_micro as f64 / 1e6, e.engine_hit_micro as f64 / 1e6, e.counter_hit_micro
+                e.predicted_hit_micro as f64 / 1e6, e.engine_hit_micro as f64 / 1e6, e.counter_hit_micro,
+                e.kv_pressure_micro as f64 / 1e6, e.decode_weight
             );
         }
         eprintln!("tokens per byte {:?}", report.tokens_per_byte.map(|t| t as f64 / 1e6));

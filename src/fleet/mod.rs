@@ -595,7 +595,7 @@ impl<'a> Fleet<'a> {
             let estimates: Vec<String> = (0..self.engines.len() as u16)
                 .map(|b| {
                     let e = s.backend_estimates(b);
-                    format!("{}:{}", e.budget, s.backend_prefill_tokens(b))
+                    format!("{}:{}:{}", e.budget, s.backend_prefill_tokens(b), e.decode_weight)
                 })
                 .collect();
             // Each engine's KV usage, running and waiting requests.

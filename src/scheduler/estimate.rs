@@ -94,7 +94,7 @@
 
 use crate::clock::Tick;
 
-use super::{placement, EngineCache};
+use super::EngineCache;
 
 /// First bytes per rate sample.
 pub const WINDOW_EVENTS: u32 = 8;
@@ -308,11 +308,10 @@ pub struct CacheModel {
     pub restarts: u64,
     pub restarted_at: Tick,
     /// The engine's KV usage averaged over its last scrapes ([`CacheModel::kv_usage`]), in
-    /// millionths, and when a scrape last reported it; what a sequence it is decoding adds to
-    /// its S16 cost, in tokens.
+    /// millionths (it sets the backend's decode weight in S16's cost), and when a scrape last
+    /// reported it.
     pub kv_pressure_micro: u64,
     pub kv_pressure_at: Tick,
-    pub decode_weight: u64,
 }
 
 /// What a snapshot's cache report changed ([`CacheModel::snapshot`]).
@@ -343,7 +342,6 @@ impl CacheModel {
         restarted_at: 0,
         kv_pressure_micro: 0,
         kv_pressure_at: 0,
-        decode_weight: placement::decode_weight(0),
     };
 
     /// The engine is a new one at `now` (its counters went down, or its backend's address
@@ -419,7 +417,7 @@ impl CacheModel {
     /// A scrape at `now` reported the engine's KV usage (millionths; [`EngineCache::NO_USAGE`]
     /// when not exported): the pressure moves a [`KV_PRESSURE_SCRAPES`]th of the way to it, so
     /// it follows the workload's hold on the cache over the last few dozen scrapes, not one
-    /// burst, and the backend's decode weight follows the pressure.
+    /// burst.
     pub fn kv_usage(&mut self, now: Tick, usage_micro: u32) {
         if usage_micro == EngineCache::NO_USAGE {
             return;
@@ -428,7 +426,6 @@ impl CacheModel {
         let usage = u64::from(usage_micro.min(1_000_000));
         self.kv_pressure_micro =
             (self.kv_pressure_micro * (KV_PRESSURE_SCRAPES - 1) + usage) / KV_PRESSURE_SCRAPES;
-        self.decode_weight = placement::decode_weight(self.kv_pressure_micro);
     }
 
     /// Closes the calibration period at `now` if it holds enough tokens and the engine's side

@@ -174,7 +174,7 @@ impl Scheduler {
             restarted_at: cache.restarted_at,
             kv_pressure_micro: cache.kv_pressure_micro,
             kv_pressure_at: cache.kv_pressure_at,
-            decode_weight: cache.decode_weight,
+            decode_weight: super::placement::decode_weight(cache.kv_pressure_micro),
             index_capacity: self
                 .prefix
                 .as_ref()

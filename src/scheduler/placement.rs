@@ -389,7 +389,7 @@ impl Scheduler {
             let decoding = u64::from(backend.inflight - backend.prefill_pending);
             let work = backend.prefill_tokens
                 + CACHE_WEIGHT * self.uncached(index, b)
-                + self.learned.cache[b].decode_weight * decoding;
+                + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
             (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {

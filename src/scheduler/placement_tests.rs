@@ -157,9 +157,7 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     // toward one (a 32nd of the way each time) and the weight with it.
     let full = |h: &mut H, scrapes: u32| {
         for _ in 0..scrapes {
-            let mut snapshot = Snapshot::new(true, Some(0), 0);
-            snapshot.cache = EngineCache { kv_usage_micro: 1_000_000, ..EngineCache::UNKNOWN };
-            h.send(Input::Snapshot { backend: 0, snapshot });
+            h.send(usage_of(0, 1_000_000));
         }
         h.s.backend_estimates(0)
     };
@@ -177,9 +175,7 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     h.send(snapshot_of(0, EngineCache::NO_COUNTER, EngineCache::NO_COUNTER));
     assert_eq!(h.s.backend_estimates(0).kv_pressure_micro, before.kv_pressure_micro);
     for _ in 0..200 {
-        let mut snapshot = Snapshot::new(true, Some(0), 0);
-        snapshot.cache = EngineCache { kv_usage_micro: 0, ..EngineCache::UNKNOWN };
-        h.send(Input::Snapshot { backend: 0, snapshot });
+        h.send(usage_of(0, 0));
     }
     assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
 }
@@ -236,6 +232,13 @@ fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     assert_eq!((h.s.backend_estimates(1).restarts, h.s.backend_estimates(1).restarted_at), (1, 9));
     h.send(snapshot_of(1, 995_000, 30));
     assert_eq!(h.s.backend_estimates(1).restarts, 1, "growing counters after it: no restart");
+}
+
+/// A report for `backend` with this KV usage (millionths) and nothing else about its caches.
+fn usage_of(backend: u16, usage_micro: u32) -> Input {
+    let mut snapshot = Snapshot::new(true, Some(0), 0);
+    snapshot.cache = EngineCache { kv_usage_micro: usage_micro, ..EngineCache::UNKNOWN };
+    Input::Snapshot { backend, snapshot }
 }
 
 /// A report for `backend` with these prefix-cache counters.

@@ -79,6 +79,18 @@ replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
       --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
     log "$label: chat at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
       "(sims x$SIM_SCALE)"
+  elif [[ $trace == agent ]]; then
+    # The fleet lab's `agent` workload (examples/fleet.rs: a 1,500-word system prompt every
+    # session shares, eight quick steps, answers of 60 tokens), paced by profile like chat.
+    # AGENT_THINK_MS (default 160: the lab's 500 ms times its compression at load 0.9 on two
+    # l4-3b, 0.32) keeps the think times about the lab's.
+    workload=multiturn
+    pace=(--rate 2 --duration 400s --turns 8 --system-words 1500 --context-words 300
+      --new-words 80 --answer-tokens 60 --think-ms "${AGENT_THINK_MS:-160}" --seed 1
+      --load "$load" --engine-profile "${PROFILE1:-h100-8b}"
+      --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
+    log "$label: agent at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
+      "(sims x$SIM_SCALE)"
   elif [[ ${LOAD_MODE:-ratio} == profile ]]; then
     # The load as a fraction of the two engines' capacity by their profiles
     # (src/bench/load.rs), the whole trace replayed.

@@ -10,8 +10,9 @@
 //!   shard runs per request of a `prefix-cost` model, and without the hasher, what it runs for
 //!   other routings;
 //! - `index`: per admission, the scheduler's work on one backend's index of 8,192 blocks: the
-//!   binary-search `matched` of the prompt's chain (once cached, once not), and `insert`, which
-//!   touches every block of the chain (the dominant cost for long prompts).
+//!   binary-search `matched` of the prompt's chain (once cached, once not), `insert`, which
+//!   touches every block of the chain (the dominant cost for long prompts), and `hot`, the
+//!   second binary search a request with no home adds (its hot shared prefix).
 //!
 //! Throughput is in bytes of body, so the figures compare to each other across sizes.
 
@@ -97,6 +98,11 @@ fn index(c: &mut Criterion) {
                 now += 1;
                 index.insert(black_box(chain), now);
             });
+        });
+        // After the inserts every block is hot: the search a first turn adds to `matched`.
+        let touches = warmpath::scheduler::HOT_PREFIX_TOUCHES;
+        group.bench_with_input(BenchmarkId::new("hot (shared)", size), &chain, |b, chain| {
+            b.iter(|| index.hot(black_box(chain), touches));
         });
     }
     group.finish();

@@ -91,6 +91,7 @@ fn requests_go_where_their_prefix_was_sent_and_others_where_the_load_is_lowest()
         2.0
     );
     assert_eq!(line(&format!("warmpath_placement_waits_total{{model=\"{M}\"}}")), 0.0);
+    assert_eq!(line(&format!("warmpath_prefix_copies_total{{model=\"{M}\"}}")), 0.0);
     eventually_idle(&router);
 }
 

@@ -240,6 +240,9 @@ pub struct PrefixParams {
     /// Issue \[10\]: a request without identity continues the conversation its prompt extends
     /// ([`derive`]).
     pub derive_sessions: bool,
+    /// Admissions that make a prefix block hot ([`placement::HOT_PREFIX_TOUCHES`] in
+    /// production; the tests' small indexes set fewer).
+    pub hot_touches: u16,
 }
 
 impl PrefixParams {
@@ -251,6 +254,7 @@ impl PrefixParams {
         slack_tokens: 2048,
         wait_max: 1000,
         derive_sessions: true,
+        hot_touches: placement::HOT_PREFIX_TOUCHES,
     };
 }
 
@@ -281,6 +285,9 @@ pub struct Stats {
     pub derived_fresh: u64,
     /// S16: requests a placement scan passed over to wait for their cheapest backend.
     pub placement_waits: u64,
+    /// S16: admissions with no home sent to a backend that lacked part of a hot shared prefix
+    /// another backend held ([`placement::HOT_PREFIX_TOUCHES`]): copies of a shared prompt.
+    pub prefix_copies: u64,
     /// S16: admissions by the share of the prompt's blocks matched on the chosen backend, in
     /// buckets of a tenth ([`placement::MATCH_BUCKETS`]; bucket *i* holds shares in
     /// ((i − 1)/10, i/10], bucket 0 exactly 0).

@@ -64,6 +64,8 @@ fn params(bytes: &mut Bytes) -> Params {
         wait_max: [0, 3 * RESOLUTION, 20 * RESOLUTION][bytes.below(3) as usize],
         // Inert here: the harness's prompts carry block hashes and no conversation ends.
         derive_sessions: true,
+        // Few, so that the tiny indexes hold hot prefixes.
+        hot_touches: 1 + bytes.below(4) as u16,
     };
     Params {
         boost: bytes.below(4) != 0,

@@ -86,6 +86,7 @@ pub use api::{
 use derive::DerivedSessions;
 use estimate::Learned;
 pub use inspect::Waiting;
+pub use placement::HOT_PREFIX_TOUCHES;
 use policy::{Backend, Gates};
 pub use policy::{EngineCache, Routing, Snapshot};
 use queue::{Entry, Identity, Place, Queue, NIL, NO_BACKEND};

@@ -67,6 +67,9 @@ pub(super) struct Prefix {
     tenants: Vec<u32>,
     /// Scratch: matched blocks per backend for one request.
     matched: Vec<usize>,
+    /// Scratch: the leading blocks of that request's prompt that are a hot shared prefix on
+    /// some backend ([`HOT_PREFIX_TOUCHES`]); 0 for a request with a home.
+    hot: usize,
 }
 
 /// How much more a token the engine must compute costs than a token of backlog, in a
@@ -77,6 +80,24 @@ pub(super) struct Prefix {
 /// request's own TTFT alone, sent about a fifth of the follow-ups that would have found their
 /// prefix away from it under load.
 pub const CACHE_WEIGHT: u64 = 8;
+
+/// How many admissions must have sent a prefix block to a backend, while its index held it,
+/// for the block to be *hot*: a system prompt, a tool list or a document many sessions share.
+///
+/// A request with no home (a first turn, or one whose session the router does not hold) finds
+/// on other backends only what other sessions left there. Where that is a hot prefix, the part
+/// of it a backend lacks costs weight 1 there, not [`CACHE_WEIGHT`]: computing it is this
+/// request's own prefill once, and every later session that shares the prefix then finds it
+/// on that backend too (prefix replication, as Preble does it for hot prefixes: Srivatsa et al.,
+/// "Preble: Efficient Distributed Prompt Scheduling for LLM Serving", 2024). At
+/// [`CACHE_WEIGHT`] the first engine to see a shared system prompt kept every later session:
+/// in the fleet lab's agent workload (a 1,500-word system prompt every session shares) one of
+/// two engines served none of 6,408 requests, and the other decoded them all. A session's own
+/// turns touch its blocks once each, and only requests without a home are weighed this way, so
+/// a conversation's history is never taken for a shared prefix. Chosen by measurement
+/// (`perf/RESULTS.md`, "Hot shared prefixes"): 8 touches moved RAGPulse first turns off their
+/// documents in a KV-bound cell; 32 left every trace cell's figures unchanged.
+pub const HOT_PREFIX_TOUCHES: u16 = 32;
 
 /// What a sequence a backend is decoding (admitted, first byte seen) adds to its cost, in
 /// tokens: [`DECODE_WEIGHT_MIN`] plus [`DECODE_WEIGHT_KV`] times the square of the backend's
@@ -139,6 +160,7 @@ impl Prefix {
             frontier: Vec::with_capacity(scan + 1),
             tenants: Vec::with_capacity(scan),
             matched: vec![0; backends],
+            hot: 0,
         }
     }
 
@@ -221,13 +243,21 @@ impl Scheduler {
         if slot == NO_PROMPT {
             return 0;
         }
+        let homeless = self.queue.get(index).home == NO_BACKEND;
+        let touches = self.params.prefix.hot_touches;
         let (indexes, matched) = (&prefix.indexes, &mut prefix.matched);
-        prefix.pool.with(slot, |hashes| {
+        let mut hot = 0;
+        let blocks = prefix.pool.with(slot, |hashes| {
             for (m, index) in matched.iter_mut().zip(indexes) {
                 *m = index.matched(hashes);
+                if homeless && *m > hot {
+                    hot = hot.max(index.hot(&hashes[..*m], touches));
+                }
             }
             hashes.len()
-        })
+        });
+        prefix.hot = hot;
+        blocks
     }
 
     /// The estimated prompt tokens of entry `index`, at the learned tokens per byte.
@@ -239,6 +269,19 @@ impl Scheduler {
     fn block_tokens(&self, blocks: usize) -> u64 {
         let bytes = blocks as u64 * u64::from(self.params.prefix.block_bytes);
         u64::from(self.learned.tokens.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
+    }
+
+    /// What computing entry `index`'s uncached prompt on `backend` adds to its cost, by the
+    /// last [`match_prompt`](Self::match_prompt): [`CACHE_WEIGHT`] per token, but 1 per token
+    /// of a hot shared prefix the backend lacks ([`HOT_PREFIX_TOUCHES`]).
+    fn cache_cost(&self, index: u32, backend: usize) -> u64 {
+        let prefix = self.prefix.as_ref().expect("prefix-cost state");
+        let uncached = self.uncached(index, backend);
+        let copied = match prefix.hot.checked_sub(prefix.matched[backend]) {
+            Some(blocks) if blocks > 0 => self.block_tokens(blocks).min(uncached),
+            _ => 0,
+        };
+        CACHE_WEIGHT * (uncached - copied) + copied
     }
 
     /// What `backend` would compute of entry `index`'s prompt, by the last
@@ -268,6 +311,7 @@ impl Scheduler {
         self.learned.cache[usize::from(backend)].placed(tokens, tokens - uncached);
         let prefix = self.prefix.as_mut().expect("checked");
         let matched = prefix.matched[usize::from(backend)];
+        self.stats.prefix_copies += u64::from(prefix.hot > matched);
         let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
         self.stats.match_ratio[bucket.min(MATCH_BUCKETS - 1)] += 1;
         self.stats.match_ratio_sum_milli +=
@@ -354,12 +398,14 @@ impl Scheduler {
                 return Some((index, lane, best.0));
             }
             // Worth waiting for as long as that prefill, weighted as in the cost, takes there.
+            let weighted = self
+                .cache_cost(index, usize::from(best.0))
+                .saturating_sub(self.cache_cost(index, usize::from(cheapest.0)));
             let rate = self.learned.prefill[usize::from(best.0)].rate;
             let wait = match rate {
                 (0, _) => wait_max,
                 (tokens, ticks) => {
-                    let t =
-                        u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    let t = u128::from(weighted) * u128::from(ticks) / u128::from(tokens);
                     u64::try_from(t).unwrap_or(u64::MAX).min(wait_max)
                 }
             };
@@ -388,7 +434,7 @@ impl Scheduler {
             let backend = &self.backends[b];
             let decoding = u64::from(backend.inflight - backend.prefill_pending);
             let work = backend.prefill_tokens
-                + CACHE_WEIGHT * self.uncached(index, b)
+                + self.cache_cost(index, b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
             (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };

@@ -181,6 +181,42 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
 }
 
 #[test]
+fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
+    let mut p = params(2, 64);
+    p.prefix.hot_touches = 3;
+    let mut h = H::new(p);
+    let system = chain(1, 10);
+    let prompt = |own: &[u64]| [&system[..], own].concat();
+    let tokens = |blocks: &[u64]| blocks.len() as u32 * BLOCK_TOKENS;
+    // Backend 0's prefill backlog closes its gate while backend 1 learns the system prompt:
+    // session 7's first turn, then fourteen first turns that share it, all decoding there.
+    make_busy(&mut h, 100, 0);
+    let first = prompt(&[501]);
+    assert_eq!(h.arrive(1, Some(7), &first, tokens(&first), true), vec![(1, 1)]);
+    h.first_byte(1);
+    h.complete(1);
+    for id in 2..=15 {
+        let own = prompt(&[600 + id]);
+        assert_eq!(h.arrive(id, None, &own, tokens(&own), true), vec![(id, 1)]);
+        h.first_byte(id);
+    }
+    h.first_byte(100);
+    // Backend 0 decodes one sequence (125 tokens), backend 1 fourteen (1,750). Session 7's
+    // next turn has a home: its history costs 8 per token on backend 0 (6,144 with the system
+    // prompt), against 1,750 + 512 at home.
+    let follow = prompt(&[501, 502]);
+    assert_eq!(h.arrive(16, Some(7), &follow, tokens(&follow), true), vec![(16, 1)]);
+    // A new session's first turn finds the system prompt hot on backend 1 (fifteen admissions
+    // sent it there): copying it to backend 0 costs its 640 tokens once, 125 + 640 + 8 x 64 in
+    // all, less than backend 1's load; at 8 per token it would cost 5,757 and stay.
+    let fresh = prompt(&[700]);
+    assert_eq!(h.s.stats().prefix_copies, 0);
+    assert_eq!(h.arrive(17, None, &fresh, tokens(&fresh), true), vec![(17, 0)]);
+    assert_eq!(h.s.stats().prefix_copies, 1, "counted");
+    assert_eq!(h.s.prefix_index_len(0), 40 + 11, "the busy request's chain, then the copy");
+}
+
+#[test]
 fn the_decode_weight_grows_with_the_square_of_the_pressure() {
     use super::{decode_weight, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN};
     assert_eq!(decode_weight(0), DECODE_WEIGHT_MIN);

@@ -45,6 +45,24 @@ impl PrefixIndex {
         low
     }
 
+    /// How many leading blocks of `hashes` the index holds that at least `touches` admissions
+    /// sent here while it held them (a prefix many prompts share): binary search, as
+    /// [`matched`](Self::matched). A block is touched by every admission that touches a block
+    /// after it, so the touches fall along the chain and the hot blocks form a prefix. A
+    /// [`resize`](Self::resize) starts every block's count again at one.
+    pub fn hot(&self, hashes: &[u64], touches: u16) -> usize {
+        let (mut low, mut high) = (0, hashes.len());
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            if self.blocks.lookup(hashes[mid - 1]).is_some_and(|block| block.turns >= touches) {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        low
+    }
+
     /// Records that `hashes` were sent at `now`, first to last.
     pub fn insert(&mut self, hashes: &[u64], now: u64) {
         for &hash in hashes {
@@ -112,6 +130,24 @@ mod tests {
             assert_eq!(index.matched(&longer), n as usize, "after a chain of {n}");
         }
         index.check_invariants();
+    }
+
+    #[test]
+    fn hot_blocks_are_the_prefix_enough_admissions_touched() {
+        let mut index = PrefixIndex::with_capacity(64);
+        let shared = [11, 12, 13];
+        for session in 0..5u64 {
+            index.insert(&[shared[0], shared[1], shared[2], 100 + session], session);
+        }
+        index.insert(&[11, 12], 9);
+        let prompt = [11, 12, 13, 100, 7];
+        assert_eq!(index.hot(&prompt, 1), 4, "every held block is touched once");
+        assert_eq!(index.hot(&prompt, 5), 3, "the shared blocks five sessions sent");
+        assert_eq!(index.hot(&prompt, 6), 2, "the first two, sent once more");
+        assert_eq!(index.hot(&prompt, 7), 0);
+        assert_eq!(index.hot(&[], 1), 0);
+        index.resize(64);
+        assert_eq!(index.hot(&prompt, 2), 0, "a rebuild counts every block once again");
     }
 
     #[test]

@@ -984,6 +984,7 @@ impl Reference {
             let uncached = self.uncached(&request, backend);
             cached = tokens - uncached;
             backlog = u32::try_from(uncached).unwrap_or(u32::MAX);
+            self.stats.prefix_copies += u64::from(self.hot(&request) > matched);
             let bucket = if blocks == 0 { 0 } else { (matched * 10).div_ceil(blocks) };
             self.stats.match_ratio[bucket.min(super::placement::MATCH_BUCKETS - 1)] += 1;
             self.stats.match_ratio_sum_milli +=

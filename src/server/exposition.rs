@@ -258,6 +258,12 @@ static FAMILIES: &[Family] = &[
         source: Source::Model(|r| r.stats.placement_waits),
     },
     Family {
+        name: "warmpath_prefix_copies_total",
+        kind: "counter",
+        help: "First turns sent to copy a hot shared prefix to another backend (S16).",
+        source: Source::Model(|r| r.stats.prefix_copies),
+    },
+    Family {
         name: "warmpath_ejections_total",
         kind: "counter",
         help: "Backends passively ejected.",

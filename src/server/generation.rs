@@ -340,6 +340,7 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
             slack_tokens: queue.cost_slack_tokens,
             wait_max: rate.ticks(queue.affinity_wait_max),
             derive_sessions: queue.derive_sessions,
+            hot_touches: crate::scheduler::HOT_PREFIX_TOUCHES,
         },
         tenant_weights: Vec::new(),
     }

@@ -80,6 +80,42 @@ impl Reference {
         self.tokens_of(u64::from(request.prompt_bytes)).saturating_sub(cached)
     }
 
+    /// The leading blocks of a homeless request's prompt that some backend holds, each sent
+    /// there by at least `hot_touches` admissions (0 for a request with a home).
+    pub(super) fn hot(&self, request: &Queued) -> usize {
+        if request.home != NONE {
+            return 0;
+        }
+        let mut hot = 0;
+        for b in 0..self.p.backends {
+            let index = &self.indexes[usize::from(b)];
+            let held = &request.blocks[..self.matched(b, &request.blocks)];
+            let (mut low, mut high) = (0, held.len());
+            while low < high {
+                let mid = low + (high - low).div_ceil(2);
+                let touches = index.lookup(held[mid - 1]).map_or(0, |block| block.turns);
+                if touches >= self.p.prefix.hot_touches {
+                    low = mid;
+                } else {
+                    high = mid - 1;
+                }
+            }
+            hot = hot.max(low);
+        }
+        hot
+    }
+
+    /// The uncached prompt's share of `backend`'s cost: [`CACHE_WEIGHT`] per token, 1 per
+    /// token of the hot shared prefix the backend lacks.
+    fn cache_cost(&self, request: &Queued, backend: u16) -> u64 {
+        let uncached = self.uncached(request, backend);
+        let lacking = self.hot(request).saturating_sub(self.matched(backend, &request.blocks));
+        let bytes =
+            (lacking as u64 * u64::from(self.p.prefix.block_bytes)).min(u64::from(u32::MAX));
+        let copied = if lacking == 0 { 0 } else { self.tokens_of(bytes).min(uncached) };
+        CACHE_WEIGHT * (uncached - copied) + copied
+    }
+
     /// `work` tokens on `backend` in tokens of the fastest backend's time.
     pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
         let mut fastest = (0, 0);
@@ -123,8 +159,7 @@ impl Reference {
                 // The decode weight grows with the square of the KV pressure, from a floor.
                 let p = self.learned[usize::from(b)].pressure;
                 let weight = DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
-                let work =
-                    self.prefill(b) + CACHE_WEIGHT * self.uncached(request, b) + weight * decoding;
+                let work = self.prefill(b) + self.cache_cost(request, b) + weight * decoding;
                 self.at_fastest(work, b)
             };
             let best = |filter: &dyn Fn(u16) -> bool| {
@@ -151,11 +186,12 @@ impl Reference {
             if lost <= self.p.prefix.slack_tokens {
                 return Some((index, taken));
             }
+            let weighted =
+                self.cache_cost(request, taken).saturating_sub(self.cache_cost(request, cheapest));
             let wait = match self.rate(taken) {
                 (0, _) => self.p.prefix.wait_max,
                 (tokens, ticks) => {
-                    let t =
-                        u128::from(CACHE_WEIGHT * lost) * u128::from(ticks) / u128::from(tokens);
+                    let t = u128::from(weighted) * u128::from(ticks) / u128::from(tokens);
                     u64::try_from(t).unwrap_or(u64::MAX).min(self.p.prefix.wait_max)
                 }
             };

@@ -239,6 +239,7 @@ impl Scheduler {
     fn match_prompt(&mut self, index: u32) -> usize {
         let Some(prefix) = &mut self.prefix else { return 0 };
         prefix.matched.iter_mut().for_each(|m| *m = 0);
+        prefix.hot = 0;
         let slot = prefix.prompt_of[index as usize];
         if slot == NO_PROMPT {
             return 0;

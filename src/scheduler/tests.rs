@@ -952,3 +952,12 @@ fn oldest_waiting_lists_the_longest_waiting_across_lanes() {
     assert_eq!(out.iter().map(|w| w.id.0).collect::<Vec<_>>(), [3, 4, 5, 6]);
     assert_eq!(out[0].arrived_at, h.s.oldest_arrival().unwrap());
 }
+
+/// A fuzzer's find, kept: a request with no prompt blocks after one that found a hot shared
+/// prefix was costed (and counted as a copy) with the earlier request's hot depth, which the
+/// scan's scratch kept.
+#[test]
+fn matches_reference_model_on_a_stale_hot_prefix() {
+    let data = std::fs::read("fuzz/corpus/scheduler_model/seed-stale-hot-prefix").expect("seed");
+    harness::run(&data);
+}

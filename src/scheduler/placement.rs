@@ -70,6 +70,9 @@ pub(super) struct Prefix {
     /// Scratch: the leading blocks of that request's prompt that are a hot shared prefix on
     /// some backend ([`HOT_PREFIX_TOUCHES`]); 0 for a request with a home.
     hot: usize,
+    /// Scratch, with `hot`: the largest KV capacity a backend exported (tokens; 0 when none
+    /// did). Only a backend with that much takes a copy of a hot prefix.
+    copy_capacity: u64,
 }
 
 /// How much more a token the engine must compute costs than a token of backlog, in a
@@ -92,7 +95,11 @@ pub const CACHE_WEIGHT: u64 = 8;
 /// "Preble: Efficient Distributed Prompt Scheduling for LLM Serving", 2024). At
 /// [`CACHE_WEIGHT`] the first engine to see a shared system prompt kept every later session:
 /// in the fleet lab's agent workload (a 1,500-word system prompt every session shares) one of
-/// two engines served none of 6,408 requests, and the other decoded them all. A session's own
+/// two engines served none of 6,408 requests, and the other decoded them all. Only a backend
+/// whose engine exported the largest KV capacity among the model's backends takes a copy: in
+/// a fleet of unequal engines the smaller card holds fewer of the sessions that follow the
+/// copy and serves them slower (the lab's H100 + L4 agent cell put 1 % of its requests on the
+/// L4 without this, and its all-request p99 went from 39 to 57 ms). A session's own
 /// turns touch its blocks once each, and only requests without a home are weighed this way, so
 /// a conversation's history is never taken for a shared prefix. Chosen by measurement
 /// (`perf/RESULTS.md`, "Hot shared prefixes"): 8 touches moved RAGPulse first turns off their
@@ -161,6 +168,7 @@ impl Prefix {
             tenants: Vec::with_capacity(scan),
             matched: vec![0; backends],
             hot: 0,
+            copy_capacity: 0,
         }
     }
 
@@ -258,6 +266,11 @@ impl Scheduler {
             hashes.len()
         });
         prefix.hot = hot;
+        if hot > 0 {
+            let backends = self.backends.len();
+            let capacities = self.learned.cache.iter().take(backends).map(|c| c.kv_capacity_tokens);
+            prefix.copy_capacity = capacities.max().unwrap_or(0);
+        }
         blocks
     }
 
@@ -274,12 +287,14 @@ impl Scheduler {
 
     /// What computing entry `index`'s uncached prompt on `backend` adds to its cost, by the
     /// last [`match_prompt`](Self::match_prompt): [`CACHE_WEIGHT`] per token, but 1 per token
-    /// of a hot shared prefix the backend lacks ([`HOT_PREFIX_TOUCHES`]).
+    /// of a hot shared prefix the backend lacks ([`HOT_PREFIX_TOUCHES`]) if no backend
+    /// exported a larger KV capacity than it.
     fn cache_cost(&self, index: u32, backend: usize) -> u64 {
         let prefix = self.prefix.as_ref().expect("prefix-cost state");
         let uncached = self.uncached(index, backend);
+        let room = self.learned.cache[backend].kv_capacity_tokens >= prefix.copy_capacity;
         let copied = match prefix.hot.checked_sub(prefix.matched[backend]) {
-            Some(blocks) if blocks > 0 => self.block_tokens(blocks).min(uncached),
+            Some(blocks) if blocks > 0 && room => self.block_tokens(blocks).min(uncached),
             _ => 0,
         };
         CACHE_WEIGHT * (uncached - copied) + copied

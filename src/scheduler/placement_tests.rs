@@ -180,13 +180,19 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
 }
 
-#[test]
-fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
+/// A system prompt of ten blocks followed by `own`.
+fn with_system_prompt(own: &[u64]) -> Vec<u64> {
+    [&chain(1, 10)[..], own].concat()
+}
+
+/// Two backends after fifteen admissions of a shared system prompt (three make it hot) to
+/// backend 1, which decodes fourteen sequences, against backend 0's one; session 7's first turn
+/// completed on backend 1, and its next turn stayed there (it has a home).
+fn a_hot_system_prompt_on_backend_1() -> H {
     let mut p = params(2, 64);
     p.prefix.hot_touches = 3;
     let mut h = H::new(p);
-    let system = chain(1, 10);
-    let prompt = |own: &[u64]| [&system[..], own].concat();
+    let prompt = with_system_prompt;
     let tokens = |blocks: &[u64]| blocks.len() as u32 * BLOCK_TOKENS;
     // Backend 0's prefill backlog closes its gate while backend 1 learns the system prompt:
     // session 7's first turn, then fourteen first turns that share it, all decoding there.
@@ -206,14 +212,35 @@ fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
     // prompt), against 1,750 + 512 at home.
     let follow = prompt(&[501, 502]);
     assert_eq!(h.arrive(16, Some(7), &follow, tokens(&follow), true), vec![(16, 1)]);
+    h
+}
+
+#[test]
+fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
+    let mut h = a_hot_system_prompt_on_backend_1();
     // A new session's first turn finds the system prompt hot on backend 1 (fifteen admissions
     // sent it there): copying it to backend 0 costs its 640 tokens once, 125 + 640 + 8 x 64 in
     // all, less than backend 1's load; at 8 per token it would cost 5,757 and stay.
-    let fresh = prompt(&[700]);
+    let fresh = with_system_prompt(&[700]);
     assert_eq!(h.s.stats().prefix_copies, 0);
-    assert_eq!(h.arrive(17, None, &fresh, tokens(&fresh), true), vec![(17, 0)]);
+    assert_eq!(h.arrive(17, None, &fresh, 11 * BLOCK_TOKENS, true), vec![(17, 0)]);
     assert_eq!(h.s.stats().prefix_copies, 1, "counted");
     assert_eq!(h.s.prefix_index_len(0), 40 + 11, "the busy request's chain, then the copy");
+}
+
+#[test]
+fn a_hot_prefix_is_not_copied_to_a_backend_with_a_smaller_kv_cache() {
+    let mut h = a_hot_system_prompt_on_backend_1();
+    // Backend 0's engine exports a quarter of backend 1's KV capacity (an L4 beside an H100):
+    // the sessions that would follow a copy there would be slower, and fewer fit.
+    for (backend, tokens) in [(0, 110_592), (1, 442_368)] {
+        let mut snapshot = Snapshot::new(true, Some(0), 0);
+        snapshot.cache = EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN };
+        h.send(Input::Snapshot { backend, snapshot });
+    }
+    let fresh = with_system_prompt(&[700]);
+    assert_eq!(h.arrive(17, None, &fresh, 11 * BLOCK_TOKENS, true), vec![(17, 1)]);
+    assert_eq!(h.s.stats().prefix_copies, 0);
 }
 
 #[test]

@@ -106,10 +106,15 @@ impl Reference {
     }
 
     /// The uncached prompt's share of `backend`'s cost: [`CACHE_WEIGHT`] per token, 1 per
-    /// token of the hot shared prefix the backend lacks.
+    /// token of the hot shared prefix the backend lacks when no backend's KV capacity is
+    /// larger than its.
     fn cache_cost(&self, request: &Queued, backend: u16) -> u64 {
         let uncached = self.uncached(request, backend);
-        let lacking = self.hot(request).saturating_sub(self.matched(backend, &request.blocks));
+        let largest = (0..self.p.backends).map(|b| self.learned[usize::from(b)].capacity).max();
+        let mut lacking = self.hot(request).saturating_sub(self.matched(backend, &request.blocks));
+        if self.learned[usize::from(backend)].capacity < largest.unwrap_or(0) {
+            lacking = 0;
+        }
         let bytes =
             (lacking as u64 * u64::from(self.p.prefix.block_bytes)).min(u64::from(u32::MAX));
         let copied = if lacking == 0 { 0 } else { self.tokens_of(bytes).min(uncached) };

@@ -67,29 +67,25 @@ window_for() { # TRACE: trace seconds replayed
 # $TMP/bench.out and .err (the last lines are printed). Uses WARMPATH, OUT and TMP.
 replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
   local front=$1 trace=$2 load=$3 label=$4 compress window duration pace workload=$2
-  if [[ $trace == chat ]]; then
-    # The fleet lab's `chat` workload (examples/fleet.rs: short prompts, answers of 300 tokens,
-    # five turns), always paced by profile. The bench divides think times by its compression
-    # as well, the lab does not: CHAT_THINK_MS (default 11600, the lab's 8 s times its
-    # compression at load 0.9 on two h100-8b) keeps them about the lab's.
+  if [[ $trace == chat || $trace == agent ]]; then
+    # The fleet lab's synthetic workloads (examples/fleet.rs), always paced by profile. `chat`:
+    # short prompts, answers of 300 tokens, five turns. `agent`: a 1,500-word system prompt
+    # every session shares, eight quick steps, answers of 60 tokens. The bench divides think
+    # times by its compression as well, the lab does not: CHAT_THINK_MS (default 11600, the
+    # lab's 8 s times its compression at load 0.9 on two h100-8b) and AGENT_THINK_MS (default
+    # 160, the lab's 500 ms times its compression at 0.9 on two l4-3b, 0.32) keep them about
+    # the lab's.
     workload=multiturn
-    pace=(--rate 5 --duration 400s --turns 5 --system-words 80 --context-words 150
-      --new-words 40 --answer-tokens 300 --think-ms "${CHAT_THINK_MS:-11600}" --seed 1
-      --load "$load" --engine-profile "${PROFILE1:-h100-8b}"
+    if [[ $trace == chat ]]; then
+      pace=(--rate 5 --turns 5 --system-words 80 --context-words 150 --new-words 40
+        --answer-tokens 300 --think-ms "${CHAT_THINK_MS:-11600}")
+    else
+      pace=(--rate 2 --turns 8 --system-words 1500 --context-words 300 --new-words 80
+        --answer-tokens 60 --think-ms "${AGENT_THINK_MS:-160}")
+    fi
+    pace+=(--duration 400s --seed 1 --load "$load" --engine-profile "${PROFILE1:-h100-8b}"
       --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
-    log "$label: chat at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
-      "(sims x$SIM_SCALE)"
-  elif [[ $trace == agent ]]; then
-    # The fleet lab's `agent` workload (examples/fleet.rs: a 1,500-word system prompt every
-    # session shares, eight quick steps, answers of 60 tokens), paced by profile like chat.
-    # AGENT_THINK_MS (default 160: the lab's 500 ms times its compression at load 0.9 on two
-    # l4-3b, 0.32) keeps the think times about the lab's.
-    workload=multiturn
-    pace=(--rate 2 --duration 400s --turns 8 --system-words 1500 --context-words 300
-      --new-words 80 --answer-tokens 60 --think-ms "${AGENT_THINK_MS:-160}" --seed 1
-      --load "$load" --engine-profile "${PROFILE1:-h100-8b}"
-      --engine-profile "${PROFILE2:-h100-8b}" --sim-scale "$SIM_SCALE")
-    log "$label: agent at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
+    log "$label: $trace at load $load of ${PROFILE1:-h100-8b} + ${PROFILE2:-h100-8b}" \
       "(sims x$SIM_SCALE)"
   elif [[ ${LOAD_MODE:-ratio} == profile ]]; then
     # The load as a fraction of the two engines' capacity by their profiles

@@ -2,11 +2,13 @@
 //!
 //! A backend's *cost* for a request is its prefill backlog (S6.3) plus [`CACHE_WEIGHT`] times
 //! the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
-//! (`prompt_tokens − matched blocks × prefix_block_bytes / 4`) plus its [`decode_weight`] in
-//! tokens per sequence the backend is decoding (more as its KV cache runs fuller), in time at
-//! its learned prefill rate. An admission scans at most `placement_scan_max` queued requests
-//! in S3 order (retry, forced, boosted by completion time, normal; normal before boosted when
-//! S5's streak bound is due) and admits the first that can go somewhere now:
+//! (`prompt_tokens − matched blocks × prefix_block_bytes / 4`; a request with no home pays 1,
+//! not [`CACHE_WEIGHT`], per token of a hot shared prefix it would copy there,
+//! [`HOT_PREFIX_TOUCHES`]) plus its [`decode_weight`] in tokens per sequence the backend is
+//! decoding (more as its KV cache runs fuller), in time at its learned prefill rate. An
+//! admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
+//! boosted by completion time, normal; normal before boosted when S5's streak bound is due)
+//! and admits the first that can go somewhere now:
 //! - a retried or forced request, or one that has waited `affinity_wait_max`, takes its
 //!   cheapest *eligible* backend (a retry avoids the backend that failed when it can);
 //! - any other request takes its cheapest backend if that one is eligible, or an eligible one

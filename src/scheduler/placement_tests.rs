@@ -234,9 +234,7 @@ fn a_hot_prefix_is_not_copied_to_a_backend_with_a_smaller_kv_cache() {
     // Backend 0's engine exports a quarter of backend 1's KV capacity (an L4 beside an H100):
     // the sessions that would follow a copy there would be slower, and fewer fit.
     for (backend, tokens) in [(0, 110_592), (1, 442_368)] {
-        let mut snapshot = Snapshot::new(true, Some(0), 0);
-        snapshot.cache = EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN };
-        h.send(Input::Snapshot { backend, snapshot });
+        h.send(report(backend, EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN }));
     }
     let fresh = with_system_prompt(&[700]);
     assert_eq!(h.arrive(17, None, &fresh, 11 * BLOCK_TOKENS, true), vec![(17, 1)]);
@@ -297,19 +295,24 @@ fn an_engine_that_restarted_is_placed_as_holding_nothing() {
     assert_eq!(h.s.backend_estimates(1).restarts, 1, "growing counters after it: no restart");
 }
 
+/// A healthy report for `backend` with nothing waiting and this about its caches.
+fn report(backend: u16, cache: EngineCache) -> Input {
+    let mut snapshot = Snapshot::new(true, Some(0), 0);
+    snapshot.cache = cache;
+    Input::Snapshot { backend, snapshot }
+}
+
 /// A report for `backend` with this KV usage (millionths) and nothing else about its caches.
 fn usage_of(backend: u16, usage_micro: u32) -> Input {
-    let mut snapshot = Snapshot::new(true, Some(0), 0);
-    snapshot.cache = EngineCache { kv_usage_micro: usage_micro, ..EngineCache::UNKNOWN };
-    Input::Snapshot { backend, snapshot }
+    report(backend, EngineCache { kv_usage_micro: usage_micro, ..EngineCache::UNKNOWN })
 }
 
 /// A report for `backend` with these prefix-cache counters.
 fn snapshot_of(backend: u16, queries: u64, hits: u64) -> Input {
-    let mut snapshot = Snapshot::new(true, Some(0), 0);
-    snapshot.cache =
-        EngineCache { prefix_queries: queries, prefix_hits: hits, ..EngineCache::UNKNOWN };
-    Input::Snapshot { backend, snapshot }
+    report(
+        backend,
+        EngineCache { prefix_queries: queries, prefix_hits: hits, ..EngineCache::UNKNOWN },
+    )
 }
 
 #[test]

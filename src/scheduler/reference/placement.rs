@@ -60,11 +60,17 @@ impl Reference {
 
     /// The binary search of `PrefixIndex::matched`, over the reference tracker.
     pub(super) fn matched(&self, backend: u16, blocks: &[u64]) -> usize {
+        self.leading(backend, blocks, 1)
+    }
+
+    /// The binary search of `PrefixIndex::hot`: the leading `blocks` `backend`'s index holds,
+    /// each sent there by at least `touches` admissions.
+    fn leading(&self, backend: u16, blocks: &[u64], touches: u16) -> usize {
         let index = &self.indexes[usize::from(backend)];
         let (mut low, mut high) = (0, blocks.len());
         while low < high {
             let mid = low + (high - low).div_ceil(2);
-            if index.lookup(blocks[mid - 1]).is_some() {
+            if index.lookup(blocks[mid - 1]).is_some_and(|block| block.turns >= touches) {
                 low = mid;
             } else {
                 high = mid - 1;
@@ -86,23 +92,9 @@ impl Reference {
         if request.home != NONE {
             return 0;
         }
-        let mut hot = 0;
-        for b in 0..self.p.backends {
-            let index = &self.indexes[usize::from(b)];
-            let held = &request.blocks[..self.matched(b, &request.blocks)];
-            let (mut low, mut high) = (0, held.len());
-            while low < high {
-                let mid = low + (high - low).div_ceil(2);
-                let touches = index.lookup(held[mid - 1]).map_or(0, |block| block.turns);
-                if touches >= self.p.prefix.hot_touches {
-                    low = mid;
-                } else {
-                    high = mid - 1;
-                }
-            }
-            hot = hot.max(low);
-        }
-        hot
+        let touches = self.p.prefix.hot_touches;
+        let held = |b| &request.blocks[..self.matched(b, &request.blocks)];
+        (0..self.p.backends).map(|b| self.leading(b, held(b), touches)).max().unwrap_or(0)
     }
 
     /// The uncached prompt's share of `backend`'s cost: [`CACHE_WEIGHT`] per token, 1 per

@@ -5,6 +5,8 @@
 //! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
 //! PROFILE may override a named profile's values: `l4-3b/kv_blocks=4000/max_num_seqs=64`.
 //! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
+//! DUMP=FILE writes one line per request: follow-up (0/1), backend, prompt tokens, cached
+//! tokens, TTFT and queue wait (seconds, -1 when it failed), send time (simulated seconds).
 
 use std::time::Duration;
 
@@ -244,6 +246,22 @@ fn main() {
                 e.1 as f64 / e.0.max(1) as f64
             );
         }
+    }
+    if let Ok(path) = std::env::var("DUMP") {
+        let mut text = String::new();
+        for o in &report.outcomes {
+            text += &format!(
+                "{} {} {} {} {:.5} {:.5} {:.6}\n",
+                u8::from(o.follow_up),
+                o.backend,
+                o.prompt_tokens,
+                o.cached_tokens,
+                o.ttft.unwrap_or(-1.0),
+                o.queued,
+                o.sent
+            );
+        }
+        std::fs::write(path, text).unwrap();
     }
     if std::env::var("CSV").is_ok() {
         println!(

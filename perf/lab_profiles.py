@@ -16,7 +16,9 @@ of perf/matrix.sh are. What it adds is engines no replay has.
 
 TRACES (default `mooncake ragpulse chat agent`) names the workloads: the two traces and the
 fleet example's synthetic `chat` (short prompts, long answers) and `agent` (a long shared
-system prompt, short quick steps), which resemble neither trace. TARGETS (default `default
+system prompt, short quick steps), which resemble neither trace. PROFILES (space-separated,
+default the ten below) names the engine models, a comma between the engines of one fleet (a
+single profile is two engines of it). TARGETS (default `default
 cache_aware`) names the fleet example's routers to run; the first is compared with the second.
 Any other environment (a lab build's switches) passes through.
 Each CSV line: TARGET,SEED|the fleet example's CSV line.
@@ -32,7 +34,7 @@ SEEDS = os.environ.get("SEEDS", "012")
 TARGETS = os.environ.get("TARGETS", "default cache_aware").split()
 TRACES = os.environ.get("TRACES", "mooncake ragpulse chat agent").split()
 LOADS = ["0.7", "0.9"]
-PROFILES = [
+PROFILES = os.environ.get("PROFILES", "").split() or [
     "h100-8b",
     "l4-3b",
     "h100x4-70b",

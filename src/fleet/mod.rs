@@ -90,6 +90,8 @@ pub struct Outcome {
     pub backend: u16,
     /// Its session's tenant (issue \[11\]).
     pub tenant: u16,
+    /// When it was sent, simulated seconds.
+    pub sent: f64,
     /// Send to admission (to the peer's routing decision), seconds: the router's queue wait.
     pub queued: f64,
 }
@@ -388,6 +390,7 @@ impl<'a> Fleet<'a> {
                 backend: r.backend,
                 tenant: self.spec.session_tenants.get(r.session as usize).copied().unwrap_or(0),
                 queued: secs(r.admitted_at.saturating_sub(r.sent)),
+                sent: secs(r.sent),
             })
             .collect();
         FleetReport {

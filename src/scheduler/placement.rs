@@ -1,12 +1,17 @@
 //! S16 prefix-cost placement inside the scheduler: which queued request goes where.
 //!
-//! A backend's *cost* for a request is its prefill backlog (S6.3) plus [`CACHE_WEIGHT`] times
-//! the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
-//! (`prompt_tokens − matched blocks × prefix_block_bytes / 4`; a request with no home pays 1,
-//! not [`CACHE_WEIGHT`], per token of a hot shared prefix it would copy there,
-//! [`HOT_PREFIX_TOUCHES`]) plus its [`decode_weight`] in tokens per sequence the backend is
-//! decoding (more as its KV cache runs fuller), in time at its learned prefill rate. An
-//! admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
+//! A backend's *cost* for a request is, in time at the backend's learned prefill rate:
+//! - its prefill backlog (S6.3);
+//! - the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
+//!   (`prompt_tokens − matched blocks × prefix_block_bytes / 4`), each token beyond the least
+//!   any usable backend would compute weighted [`CACHE_WEIGHT`] (a request with no home pays 1
+//!   per token of a hot shared prefix it would copy there, [`HOT_PREFIX_TOUCHES`]);
+//! - those uncached tokens again, [`JOIN_WEIGHT`] times per request the backend is already
+//!   prefilling (the prefills this one would join and delay);
+//! - its [`decode_weight`] in tokens per sequence the backend is decoding (more as its KV
+//!   cache runs fuller).
+//!
+//! An admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
 //! boosted by completion time, normal; normal before boosted when S5's streak bound is due)
 //! and admits the first that can go somewhere now:
 //! - a retried or forced request, or one that has waited `affinity_wait_max`, takes its
@@ -77,14 +82,33 @@ pub(super) struct Prefix {
     copy_capacity: u64,
 }
 
-/// How much more a token the engine must compute costs than a token of backlog, in a
-/// backend's cost. A token of backlog delays this request; a token computed for lack of a cache
-/// hit delays this request as much *and* takes engine time from everyone after it, and the
-/// prefix it then leaves cached on this backend is the one its next turn will look for. Chosen
-/// by measurement over traces, engine profiles and loads (`perf/RESULTS.md`): weight 1, the
-/// request's own TTFT alone, sent about a fifth of the follow-ups that would have found their
-/// prefix away from it under load.
+/// How much more a token the engine must compute for lack of a cache hit costs than a token of
+/// backlog, in a backend's cost. A token of backlog delays this request; a token computed for
+/// lack of a cache hit delays this request as much *and* takes engine time from everyone after
+/// it, and the prefix it then leaves cached on this backend is the one its next turn will look
+/// for. Chosen by measurement over traces, engine profiles and loads (`perf/RESULTS.md`):
+/// weight 1, the request's own TTFT alone, sent about a fifth of the follow-ups that would have
+/// found their prefix away from it under load.
+///
+/// Only the tokens a backend would compute *beyond* the least any usable backend would are
+/// weighed so; the tokens every backend would compute are the request's own prefill wherever it
+/// goes, weight 1. The order of backends of one speed is the same either way; between backends
+/// of learned rates that differ, the cost is then the request's predicted delay and not eight
+/// times its prefill, which let a few per cent of error in a learned rate decide where every
+/// request no backend had cached went (`perf/RESULTS.md`, "Eight engines").
 pub const CACHE_WEIGHT: u64 = 8;
+
+/// What a token a request would compute on a backend adds to the cost there, per request that
+/// backend is already prefilling (admitted, streaming, no first byte yet). An engine batches
+/// the prompts waiting for prefill into its next steps, up to its token budget per step
+/// (vLLM's chunked prefill, `max_num_batched_tokens`), so a prompt sent to an engine with
+/// prefills pending delays each of them by about its own prefill, which the backlog term (this
+/// request's own wait) does not count. Without it, an engine already prefilling was about as
+/// likely a choice as an idle one at an equal backlog, and in fleets of four and eight engines
+/// on RAGPulse the first-turn p90 ran 1.13-1.28x sglang-router's `cache_aware`. Chosen by
+/// measurement (`perf/RESULTS.md`, "Eight engines"): weight 2 against 1 and 3 over 16 cells of
+/// two to eight engines and the 80 of `perf/lab_profiles.py`.
+pub const JOIN_WEIGHT: u64 = 2;
 
 /// How many admissions must have sent a prefix block to a backend, while its index held it,
 /// for the block to be *hot*: a system prompt, a tool list or a document many sessions share.
@@ -302,6 +326,13 @@ impl Scheduler {
         CACHE_WEIGHT * (uncached - copied) + copied
     }
 
+    /// The least any usable backend would compute of entry `index`'s prompt (0 when none is
+    /// usable), by the last [`match_prompt`](Self::match_prompt).
+    fn least_uncached(&self, index: u32) -> u64 {
+        let usable = (0..self.backends.len()).filter(|&b| self.backends[b].usable());
+        usable.map(|b| self.uncached(index, b)).min().unwrap_or(0)
+    }
+
     /// What `backend` would compute of entry `index`'s prompt, by the last
     /// [`match_prompt`](Self::match_prompt).
     fn uncached(&self, index: u32, backend: usize) -> u64 {
@@ -448,11 +479,15 @@ impl Scheduler {
     /// else qualifies.
     fn cheapest(&self, index: u32, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
         let fastest = self.fastest_rate();
+        // What the request must compute wherever it goes is its own prefill, weighted 1.
+        let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached(index);
         let rank = |b: usize| {
             let backend = &self.backends[b];
-            let decoding = u64::from(backend.inflight - backend.prefill_pending);
+            let pending = u64::from(backend.prefill_pending);
+            let decoding = u64::from(backend.inflight) - pending;
             let work = backend.prefill_tokens
-                + self.cache_cost(index, b)
+                + self.cache_cost(index, b).saturating_sub(everywhere)
+                + JOIN_WEIGHT * pending * self.uncached(index, b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
             (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };

@@ -811,3 +811,39 @@ fn a_raised_max_queued_grows_the_prompt_pool() {
     assert_eq!(h.complete(1), vec![]);
     assert_eq!(pool.available(), pool.capacity(), "every prompt slot came back");
 }
+
+/// A prompt sent to a backend already prefilling joins that prefill's steps and delays it: its
+/// uncached tokens count again there, [`super::JOIN_WEIGHT`] times per pending prefill. Backend
+/// 0 decodes one sequence (125 tokens of cost), backend 1 prefills a one-block prompt (64 of
+/// backlog); a ten-block prompt no backend holds costs 125 + 640 on backend 0 and
+/// 64 + 640 + 2 × 640 on backend 1. Without the rule backend 1 is cheaper (704).
+#[test]
+fn a_prompt_goes_to_a_backend_not_already_prefilling() {
+    let mut h = H::new(params(2, 8));
+    assert_eq!(h.arrive(1, None, &chain(100, 1), BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.first_byte(1);
+    assert_eq!(h.arrive(2, None, &chain(200, 1), BLOCK_TOKENS, true), vec![(2, 1)]);
+    assert_eq!(h.s.backend_prefill_tokens(1), u64::from(BLOCK_TOKENS));
+    assert_eq!(h.arrive(3, None, &chain(300, 10), 10 * BLOCK_TOKENS, true), vec![(3, 0)]);
+    // Once backend 1's prefill is done, it is the cheaper again: no decode there.
+    h.first_byte(2);
+    h.first_byte(3);
+    h.complete(2);
+    assert_eq!(h.arrive(4, None, &chain(400, 10), 10 * BLOCK_TOKENS, true), vec![(4, 1)]);
+}
+
+/// Of backends of different learned speeds, a prompt no backend holds goes where it would be
+/// done soonest: the tokens every backend would compute are weighed as its own prefill, not as
+/// [`super::CACHE_WEIGHT`] times it. Backend 0 is learned 10 % faster and decodes one sequence
+/// (125 tokens); a ten-block prompt (640 tokens) costs 125 + 640 there, 640 × 1.1 = 704 on
+/// backend 1. Weighted eight times, it would cost 125 + 5,120 against 5,632, and go to backend
+/// 0 whatever its queue (and every such prompt with it, on a few per cent of a rate's error).
+#[test]
+fn an_uncached_prompt_goes_where_it_would_be_done_soonest() {
+    let mut h = H::new(params(2, 8));
+    assert_eq!(h.arrive(1, None, &chain(100, 1), BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.first_byte(1);
+    h.s.learned.prefill[0].rate = (110, 100);
+    h.s.learned.prefill[1].rate = (100, 100);
+    assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 1)]);
+}

@@ -7,7 +7,7 @@ use crate::clock::Tick;
 
 use super::super::estimate;
 use super::super::placement::{
-    CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX,
+    CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::{IndexSize, Lane, Routing};
@@ -113,6 +113,28 @@ impl Reference {
         CACHE_WEIGHT * (uncached - copied) + copied
     }
 
+    /// `backend`'s S16 cost for `request`, in tokens of the fastest backend's time.
+    fn cost(&self, request: &Queued, backend: u16) -> u64 {
+        // Tokens every usable backend would compute weigh 1: the request's own prefill.
+        let least = (0..self.p.backends)
+            .filter(|&b| self.usable(b))
+            .map(|b| self.uncached(request, b))
+            .min()
+            .unwrap_or(0);
+        let on = |pending: bool| {
+            let here = self.admitted.iter().filter(|a| a.backend == backend);
+            here.filter(|a| a.prefill_pending == pending).count() as u64
+        };
+        // The decode weight grows with the square of the KV pressure, from a floor.
+        let p = self.learned[usize::from(backend)].pressure;
+        let weight = DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
+        // Each prefill pending there is delayed by this request's uncached tokens.
+        let joined = JOIN_WEIGHT * on(true) * self.uncached(request, backend);
+        let cached = self.cache_cost(request, backend).saturating_sub((CACHE_WEIGHT - 1) * least);
+        let work = self.prefill(backend) + cached + joined + weight * on(false);
+        self.at_fastest(work, backend)
+    }
+
     /// `work` tokens on `backend` in tokens of the fastest backend's time.
     pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
         let mut fastest = (0, 0);
@@ -149,16 +171,7 @@ impl Reference {
             {
                 return Some((index, home));
             }
-            let cost = |b: u16| {
-                let decoding =
-                    self.admitted.iter().filter(|a| a.backend == b && !a.prefill_pending).count()
-                        as u64;
-                // The decode weight grows with the square of the KV pressure, from a floor.
-                let p = self.learned[usize::from(b)].pressure;
-                let weight = DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
-                let work = self.prefill(b) + self.cache_cost(request, b) + weight * decoding;
-                self.at_fastest(work, b)
-            };
+            let cost = |b: u16| self.cost(request, b);
             let best = |filter: &dyn Fn(u16) -> bool| {
                 (0..self.p.backends)
                     .filter(|&b| filter(b))

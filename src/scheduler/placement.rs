@@ -53,6 +53,7 @@ use crate::clock::Tick;
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::wheel::TimerKey;
 
+use super::estimate::TokenRate;
 use super::prefix::PrefixIndex;
 use super::queue::NO_BACKEND;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
@@ -74,6 +75,8 @@ pub(super) struct Prefix {
     tenants: Vec<u32>,
     /// Scratch: matched blocks per backend for one request.
     matched: Vec<usize>,
+    /// Scratch: per backend, the estimated tokens of that request's prompt it would compute.
+    uncached: Vec<u64>,
     /// Scratch: the leading blocks of that request's prompt that are a hot shared prefix on
     /// some backend ([`HOT_PREFIX_TOUCHES`]); 0 for a request with a home.
     hot: usize,
@@ -193,6 +196,7 @@ impl Prefix {
             frontier: Vec::with_capacity(scan + 1),
             tenants: Vec::with_capacity(scan),
             matched: vec![0; backends],
+            uncached: vec![0; backends],
             hot: 0,
             copy_capacity: 0,
         }
@@ -212,6 +216,7 @@ impl Prefix {
                 .push(PrefixIndex::with_capacity(params.prefix.index_blocks.initial() as usize));
         }
         self.matched.resize(backends, 0);
+        self.uncached.resize(backends, 0);
         let scan = params.prefix.scan_max as usize;
         self.candidates.reserve(scan.saturating_sub(self.candidates.len()));
         self.boosted.reserve(scan);
@@ -268,9 +273,22 @@ impl Scheduler {
         }
     }
 
-    /// Fills `prefix.matched` with the blocks of `index`'s prompt each backend holds; returns
-    /// the prompt's block count.
+    /// Fills `prefix.matched` with the blocks of `index`'s prompt each backend holds, and
+    /// `prefix.uncached` with the tokens each would compute; returns the prompt's block count.
     fn match_prompt(&mut self, index: u32) -> usize {
+        let blocks = self.match_blocks(index);
+        let tokens = self.prompt_tokens(index);
+        let (block_bytes, rate) = (self.params.prefix.block_bytes, &self.learned.tokens);
+        if let Some(prefix) = &mut self.prefix {
+            for (uncached, &matched) in prefix.uncached.iter_mut().zip(&prefix.matched) {
+                *uncached = tokens.saturating_sub(tokens_of_blocks(rate, block_bytes, matched));
+            }
+        }
+        blocks
+    }
+
+    /// [`match_prompt`](Self::match_prompt)'s blocks: `prefix.matched` and the hot depth.
+    fn match_blocks(&mut self, index: u32) -> usize {
         let Some(prefix) = &mut self.prefix else { return 0 };
         prefix.matched.iter_mut().for_each(|m| *m = 0);
         prefix.hot = 0;
@@ -307,17 +325,16 @@ impl Scheduler {
 
     /// The estimated tokens of `blocks` prompt blocks.
     fn block_tokens(&self, blocks: usize) -> u64 {
-        let bytes = blocks as u64 * u64::from(self.params.prefix.block_bytes);
-        u64::from(self.learned.tokens.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
+        tokens_of_blocks(&self.learned.tokens, self.params.prefix.block_bytes, blocks)
     }
 
-    /// What computing entry `index`'s uncached prompt on `backend` adds to its cost, by the
-    /// last [`match_prompt`](Self::match_prompt): [`CACHE_WEIGHT`] per token, but 1 per token
+    /// What computing the last [`match_prompt`](Self::match_prompt)'s uncached prompt on
+    /// `backend` adds to its cost: [`CACHE_WEIGHT`] per token, but 1 per token
     /// of a hot shared prefix the backend lacks ([`HOT_PREFIX_TOUCHES`]) if no backend
     /// exported a larger KV capacity than it.
-    fn cache_cost(&self, index: u32, backend: usize) -> u64 {
+    fn cache_cost(&self, backend: usize) -> u64 {
         let prefix = self.prefix.as_ref().expect("prefix-cost state");
-        let uncached = self.uncached(index, backend);
+        let uncached = self.uncached(backend);
         let room = self.learned.cache[backend].kv_capacity_tokens >= prefix.copy_capacity;
         let copied = match prefix.hot.checked_sub(prefix.matched[backend]) {
             Some(blocks) if blocks > 0 && room => self.block_tokens(blocks).min(uncached),
@@ -326,18 +343,16 @@ impl Scheduler {
         CACHE_WEIGHT * (uncached - copied) + copied
     }
 
-    /// The least any usable backend would compute of entry `index`'s prompt (0 when none is
-    /// usable), by the last [`match_prompt`](Self::match_prompt).
-    fn least_uncached(&self, index: u32) -> u64 {
+    /// The least any usable backend would compute of the last
+    /// [`match_prompt`](Self::match_prompt)'s prompt (0 when none is usable).
+    fn least_uncached(&self) -> u64 {
         let usable = (0..self.backends.len()).filter(|&b| self.backends[b].usable());
-        usable.map(|b| self.uncached(index, b)).min().unwrap_or(0)
+        usable.map(|b| self.uncached(b)).min().unwrap_or(0)
     }
 
-    /// What `backend` would compute of entry `index`'s prompt, by the last
-    /// [`match_prompt`](Self::match_prompt).
-    fn uncached(&self, index: u32, backend: usize) -> u64 {
-        let prefix = self.prefix.as_ref().expect("prefix-cost state");
-        self.prompt_tokens(index).saturating_sub(self.block_tokens(prefix.matched[backend]))
+    /// What `backend` would compute of the last [`match_prompt`](Self::match_prompt)'s prompt.
+    fn uncached(&self, backend: usize) -> u64 {
+        self.prefix.as_ref().expect("prefix-cost state").uncached[backend]
     }
 
     /// At the binding of entry `index` to `backend`: the tokens it adds to the backend's
@@ -356,7 +371,7 @@ impl Scheduler {
             return (u32::try_from(tokens).unwrap_or(u32::MAX), None);
         }
         let blocks = self.match_prompt(index);
-        let uncached = self.uncached(index, usize::from(backend));
+        let uncached = self.uncached(usize::from(backend));
         self.learned.cache[usize::from(backend)].placed(tokens, tokens - uncached);
         let prefix = self.prefix.as_mut().expect("checked");
         let matched = prefix.matched[usize::from(backend)];
@@ -435,21 +450,21 @@ impl Scheduler {
                 // No prompt to place by (too short to hash, or no text): session affinity.
                 return Some((index, lane, home));
             }
-            let Some((cheapest, best)) = self.cheapest(index, avoid) else { continue };
+            let Some((cheapest, best)) = self.cheapest(avoid) else { continue };
             if best.0 == cheapest.0 || matches!(lane, Lane::Retry | Lane::Forced) {
                 return Some((index, lane, best.0));
             }
             // The prefill the eligible backend would do that the cheapest one would not.
             let lost = self
-                .uncached(index, usize::from(best.0))
-                .saturating_sub(self.uncached(index, usize::from(cheapest.0)));
+                .uncached(usize::from(best.0))
+                .saturating_sub(self.uncached(usize::from(cheapest.0)));
             if lost <= self.params.prefix.slack_tokens {
                 return Some((index, lane, best.0));
             }
             // Worth waiting for as long as that prefill, weighted as in the cost, takes there.
             let weighted = self
-                .cache_cost(index, usize::from(best.0))
-                .saturating_sub(self.cache_cost(index, usize::from(cheapest.0)));
+                .cache_cost(usize::from(best.0))
+                .saturating_sub(self.cache_cost(usize::from(cheapest.0)));
             let rate = self.learned.prefill[usize::from(best.0)].rate;
             let wait = match rate {
                 (0, _) => wait_max,
@@ -474,20 +489,20 @@ impl Scheduler {
         None
     }
 
-    /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for
-    /// entry `index` after [`match_prompt`](Self::match_prompt); `avoid` only when nothing
+    /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for the
+    /// request of the last [`match_prompt`](Self::match_prompt); `avoid` only when nothing
     /// else qualifies.
-    fn cheapest(&self, index: u32, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
+    fn cheapest(&self, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
         let fastest = self.fastest_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
-        let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached(index);
+        let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
         let rank = |b: usize| {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
             let decoding = u64::from(backend.inflight) - pending;
             let work = backend.prefill_tokens
-                + self.cache_cost(index, b).saturating_sub(everywhere)
-                + JOIN_WEIGHT * pending * self.uncached(index, b)
+                + self.cache_cost(b).saturating_sub(everywhere)
+                + JOIN_WEIGHT * pending * self.uncached(b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
             (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
         };
@@ -590,6 +605,15 @@ impl Scheduler {
 
 /// `work` tokens on a backend of prefill rate `rate`, expressed in tokens of the `fastest`
 /// backend's time: `work × fastest / rate`. Unknown rates count as the fastest.
+/// The estimated tokens of `blocks` prompt blocks of `block_bytes` each, at `rate`.
+fn tokens_of_blocks(rate: &TokenRate, block_bytes: u32, blocks: usize) -> u64 {
+    if blocks == 0 {
+        return 0; // most backends hold none of a prompt: no division for them
+    }
+    let bytes = blocks as u64 * u64::from(block_bytes);
+    u64::from(rate.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
+}
+
 fn at_rate(work: u64, rate: (u64, u64), fastest: (u64, u64)) -> u64 {
     if rate.0 == 0 || fastest.0 == 0 {
         return work;

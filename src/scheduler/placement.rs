@@ -98,7 +98,8 @@ pub(super) struct Prefix {
 /// goes, weight 1. The order of backends of one speed is the same either way; between backends
 /// of learned rates that differ, the cost is then the request's predicted delay and not eight
 /// times its prefill, which let a few per cent of error in a learned rate decide where every
-/// request no backend had cached went (`perf/RESULTS.md`, "Eight engines").
+/// request no backend had cached went (`perf/RESULTS.md`, eleventh session, "Where the
+/// RAGPulse tail came from").
 pub const CACHE_WEIGHT: u64 = 8;
 
 /// What a token a request would compute on a backend adds to the cost there, per request that
@@ -109,8 +110,8 @@ pub const CACHE_WEIGHT: u64 = 8;
 /// request's own wait) does not count. Without it, an engine already prefilling was about as
 /// likely a choice as an idle one at an equal backlog, and in fleets of four and eight engines
 /// on RAGPulse the first-turn p90 ran 1.13-1.28x sglang-router's `cache_aware`. Chosen by
-/// measurement (`perf/RESULTS.md`, "Eight engines"): weight 2 against 1 and 3 over 16 cells of
-/// two to eight engines and the 80 of `perf/lab_profiles.py`.
+/// measurement (`perf/RESULTS.md`, eleventh session, "Two changes to the cost"): weight 2
+/// against 1 and 3 over 16 cells of two to eight engines.
 pub const JOIN_WEIGHT: u64 = 2;
 
 /// How many admissions must have sent a prefix block to a backend, while its index held it,

@@ -698,8 +698,8 @@ proptest::proptest! {
 /// [`derivation_matches_its_restatement`]'s case: conversation `c` starts with an optional
 /// system prompt (`system` < 2 names a shared one), a first user message whose content id may
 /// repeat across conversations and `words` more words; each step sends conversation `c`'s next
-/// turn (after the first, `added` messages of the answer, 0 to 2, and a user message) and fails it when
-/// `fail` is 0.
+/// turn (after the first, `added` messages of the answer, 0 to 2, and a user message) and fails
+/// it when `fail` is 0.
 fn check_derivation(
     firsts: &[(u8, u8, usize)],
     steps: &[(usize, u8, u8)],

@@ -604,8 +604,6 @@ impl Scheduler {
     }
 }
 
-/// `work` tokens on a backend of prefill rate `rate`, expressed in tokens of the `fastest`
-/// backend's time: `work × fastest / rate`. Unknown rates count as the fastest.
 /// The estimated tokens of `blocks` prompt blocks of `block_bytes` each, at `rate`.
 fn tokens_of_blocks(rate: &TokenRate, block_bytes: u32, blocks: usize) -> u64 {
     if blocks == 0 {
@@ -615,6 +613,8 @@ fn tokens_of_blocks(rate: &TokenRate, block_bytes: u32, blocks: usize) -> u64 {
     u64::from(rate.tokens(u32::try_from(bytes).unwrap_or(u32::MAX)))
 }
 
+/// `work` tokens on a backend of prefill rate `rate`, expressed in tokens of the `fastest`
+/// backend's time: `work × fastest / rate`. Unknown rates count as the fastest.
 fn at_rate(work: u64, rate: (u64, u64), fastest: (u64, u64)) -> u64 {
     if rate.0 == 0 || fastest.0 == 0 {
         return work;

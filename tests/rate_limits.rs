@@ -15,7 +15,7 @@ use serde_json::Value;
 use support::backend::{Backend, Reply};
 use support::client::{self, Conn, Response};
 use support::router::{Router, Setup};
-use support::{log_lines, wait_until, PATIENCE};
+use support::{eventually, log_lines, wait_until, PATIENCE};
 use warmpath::clock::{Clock, SimClock};
 
 const M: &str = "m";
@@ -177,6 +177,9 @@ fn tokens_per_minute_reserves_settles_to_usage_and_refuses_what_cannot_fit() {
     );
     // A tenant without any limit has its tokens counted too (the backend's usage: 5 + 5).
     assert_eq!(other.exchange(&chat(KEY_B, &body(false, None))).status, 200);
+    // The shard settles a request after writing its response: the client can scrape first.
+    let settled = || metric(&router, "warmpath_tenant_tokens_total{tenant=\"b\",kind=\"prompt\"}");
+    eventually("tenant b's request settled", || settled().is_some_and(|v| v > 0.0));
     assert_eq!(
         metric(&router, "warmpath_tenant_tokens_total{tenant=\"b\",kind=\"prompt\"}"),
         Some(5.0)

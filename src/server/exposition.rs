@@ -441,6 +441,14 @@ static FAMILIES: &[Family] = &[
         source: Source::Shards(|s| &s.accept_errors),
     },
     Family {
+        name: "warmpath_upstream_socket_errors_total",
+        kind: "counter",
+        help: "Upstream connections the router could not open for want of its own descriptors \
+               or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL): each request \
+               answered 503, nothing counted against the backend.",
+        source: Source::Shards(|s| &s.upstream_socket_errors),
+    },
+    Family {
         name: "warmpath_tls_errors_total",
         kind: "counter",
         help: "TLS connections closed on a TLS error: a failed handshake, bytes that are not \

@@ -378,6 +378,9 @@ pub struct ShardMetrics {
     /// `accept` calls that failed (EMFILE, ENFILE, ...): connections left waiting in the listen
     /// queue until a retry.
     pub accept_errors: AtomicU64,
+    /// Upstream connections not opened for want of the router's own descriptors or memory
+    /// (EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL): their requests answered 503.
+    pub upstream_socket_errors: AtomicU64,
     /// Open client connections (a gauge the shard stores).
     pub open: AtomicU64,
     /// Bytes of request bodies held while queued (a gauge).
@@ -404,6 +407,7 @@ impl ShardMetrics {
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
+            upstream_socket_errors: AtomicU64::new(0),
             open: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
             clients_gone: AtomicU64::new(0),
@@ -434,9 +438,10 @@ impl ShardMetrics {
         for (to, from) in grown.rate_limited.iter().zip(self.rate_limited.iter()) {
             copy(to, from);
         }
-        fn scalars(m: &ShardMetrics) -> [&AtomicU64; 7] {
-            let (errors, gone) = (&m.accept_errors, &m.clients_gone);
-            [&m.accepted, &m.refused, errors, &m.open, &m.buffered, gone, &m.tls_errors]
+        fn scalars(m: &ShardMetrics) -> [&AtomicU64; 8] {
+            let (errors, gone, socket) =
+                (&m.accept_errors, &m.clients_gone, &m.upstream_socket_errors);
+            [&m.accepted, &m.refused, errors, socket, &m.open, &m.buffered, gone, &m.tls_errors]
         }
         for (to, from) in scalars(&grown).into_iter().zip(scalars(self)) {
             to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);

@@ -35,7 +35,7 @@ use super::connection::{discard_unread, read_away, Client, Phase};
 use super::limits;
 use super::request::{format_request_id, Admission, Request, Requests, Session};
 use super::upstream::Upstreams;
-use super::{Cx, Owner, CLIENT_HIGH_WATER, KEEP_BUFFER_MAX, READ_CHUNK};
+use super::{Cx, Occasional, Owner, CLIENT_HIGH_WATER, KEEP_BUFFER_MAX, READ_CHUNK};
 
 /// How long a keep-alive connection may sit idle holding its buffers:
 /// after this it gives them back and holds none until its next request (which allocates
@@ -86,16 +86,13 @@ pub(super) struct Clients {
     accept_retry_at: Option<Tick>,
     /// A connection closed while accepting was stalled: a descriptor is free.
     freed: bool,
-    /// When an `accept` failure was last logged (at most one line per [`ACCEPT_LOG_EVERY`]).
-    accept_logged_at: Option<Tick>,
+    /// When an `accept` failure was last logged.
+    accept_log: Occasional,
 }
 
 /// How long a shard waits before it tries `accept` again after it failed for want of
 /// descriptors, when none of its connections closes meanwhile.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-
-/// The least time between two log lines about `accept` failures.
-const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Clients {
     pub(super) fn new(listener: TcpListener, max: usize, log: Option<Arc<ShardLog>>) -> Clients {
@@ -110,7 +107,7 @@ impl Clients {
             again: Vec::new(),
             accept_retry_at: None,
             freed: false,
-            accept_logged_at: None,
+            accept_log: Occasional::default(),
             scratch: Vec::with_capacity(16 << 10),
             prompt_hasher: PromptHasher::new(256),
             prompt_scratch: Vec::new(),
@@ -214,10 +211,7 @@ impl Clients {
     /// limit; ENFILE: the system's): counted, said once per stall, retried (`accept_retry_at`).
     fn accept_failed(&mut self, error: &io::Error, cx: &mut Cx) {
         ShardMetrics::bump(&cx.metrics.accept_errors);
-        let now = cx.now();
-        let quiet = cx.rate.ticks(ACCEPT_LOG_EVERY);
-        if self.accept_logged_at.is_none_or(|at| now.saturating_sub(at) >= quiet) {
-            self.accept_logged_at = Some(now);
+        if self.accept_log.due(cx) {
             eprintln!(
                 "warmpath: shard {}: accept failed: {error}; connections wait in the listen \
                  queue until descriptors free up (warmpath_accept_errors_total counts each \
@@ -226,7 +220,7 @@ impl Clients {
             );
         }
         self.freed = false;
-        self.accept_retry_at = Some(now + cx.rate.ticks(ACCEPT_RETRY));
+        self.accept_retry_at = Some(cx.now() + cx.rate.ticks(ACCEPT_RETRY));
     }
 
     /// Over `max_connections`: a 503 and a close (on TLS only the close: a 503 needs a

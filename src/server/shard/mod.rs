@@ -40,7 +40,9 @@
 //! `RetriesExhausted` (502). A *pooled* connection found dead the same way says nothing about
 //! the backend (engines close idle keep-alive connections on their own schedule, uvicorn after
 //! 5 s), so the shard first replaces it with a fresh connection to the same backend, once,
-//! without involving the scheduler or counting towards passive ejection.
+//! without involving the scheduler or counting towards passive ejection. Nor does a connection
+//! the router cannot open for want of its own descriptors or memory: that request is answered
+//! 503 (`Upstreams::short_of_resources`).
 
 use std::io::{self, ErrorKind};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -230,6 +232,35 @@ impl Cx<'_> {
         if let Some(deadline) = deadline {
             *slot = Some(self.wheel.insert(deadline, owner.timer()));
         }
+    }
+}
+
+/// Whether a socket call failed for want of the router's own resources rather than through
+/// anything a peer did: descriptors (EMFILE, the process's open-file limit; ENFILE, the
+/// system's), kernel memory (ENOBUFS, ENOMEM) or local ports (EADDRNOTAVAIL).
+fn short_of_resources(error: &io::Error) -> bool {
+    let shortages = [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM, libc::EADDRNOTAVAIL];
+    error.raw_os_error().is_some_and(|errno| shortages.contains(&errno))
+}
+
+/// The least time between two log lines about one kind of failure that can repeat thousands
+/// of times a second (running out of descriptors); a counter counts each.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// When a failure of one kind was last logged: [`Occasional::due`] says whether to log it
+/// again (at most once per [`LOG_EVERY`]).
+#[derive(Debug, Default)]
+struct Occasional(Option<Tick>);
+
+impl Occasional {
+    /// Whether a line is due now; if so, it counts as said.
+    fn due(&mut self, cx: &Cx) -> bool {
+        let (now, quiet) = (cx.now(), cx.rate.ticks(LOG_EVERY));
+        let due = self.0.is_none_or(|at| now.saturating_sub(at) >= quiet);
+        if due {
+            self.0 = Some(now);
+        }
+        due
     }
 }
 

@@ -24,14 +24,14 @@ use crate::protocol::{
     BodyRelay, ClientInfo, ForwardInfo, RelayPlan, ResponseFraming, ResponseHead,
 };
 use crate::scheduler::{Input, Lane};
-use crate::server::metrics::UpstreamError;
+use crate::server::metrics::{ShardMetrics, UpstreamError};
 use crate::server::Generation;
 use crate::wheel::TimerKey;
 
 use super::client::Clients;
 use super::connection::{Client, Phase};
 use super::request::{format_request_id, Request};
-use super::{Cx, Owner, CLIENT_HIGH_WATER, READ_CHUNK};
+use super::{Cx, Occasional, Owner, CLIENT_HIGH_WATER, READ_CHUNK};
 
 /// `Upstream::client` of a connection that serves no client.
 const NO_CLIENT: usize = usize::MAX;
@@ -268,6 +268,9 @@ pub(super) struct Upstreams {
     scratch: Vec<u8>,
     /// The response head being relayed, parsed into in place (its header spans are 2 KiB).
     head: ResponseHead,
+    /// When a connection the router could not open for want of its own resources was last
+    /// logged.
+    shortage_log: Occasional,
 }
 
 impl Upstreams {
@@ -277,6 +280,7 @@ impl Upstreams {
             pools: gen.models.iter().map(|m| vec![Vec::new(); m.backends.len()]).collect(),
             scratch: Vec::with_capacity(16 << 10),
             head: ResponseHead::EMPTY,
+            shortage_log: Occasional::default(),
         }
     }
 
@@ -351,8 +355,11 @@ impl Upstreams {
             }
             None => match self.connect(model, admission.backend, backend.addr, cx) {
                 Ok(up) => up,
-                Err(_) => {
+                Err(e) => {
                     self.scratch = head;
+                    if super::short_of_resources(&e) {
+                        return self.short_of_resources(key, model, &e, clients, cx);
+                    }
                     return self.failed_before_connect(key, model, admission.backend, clients, cx);
                 }
             },
@@ -401,6 +408,32 @@ impl Upstreams {
     ) {
         cx.metrics.models[usize::from(model)].count_upstream_error(backend, UpstreamError::Connect);
         self.retry(key, clients, cx);
+    }
+
+    /// The router could not open a connection for want of its own descriptors or memory: the
+    /// backend did nothing wrong, so nothing counts against it (no retry, no passive
+    /// ejection, which would turn a local shortage into an outage of every backend). The
+    /// request is answered 503 `unavailable` with `Retry-After`, like the other budgets the
+    /// router runs out of, counted and logged once a minute at most.
+    fn short_of_resources(
+        &mut self,
+        key: usize,
+        model: u16,
+        error: &io::Error,
+        clients: &mut Clients,
+        cx: &mut Cx,
+    ) {
+        ShardMetrics::bump(&cx.metrics.upstream_socket_errors);
+        if self.shortage_log.due(cx) {
+            eprintln!(
+                "warmpath: shard {}: no upstream connection opened: {error}; such requests are \
+                 answered 503 (warmpath_upstream_socket_errors_total counts them; raise the \
+                 open-file limit, e.g. LimitNOFILE)",
+                cx.shard
+            );
+        }
+        let message = "the router is out of descriptors or memory for an upstream connection";
+        clients.router_error(key, (503, "unavailable", message), Some(model), self, cx);
     }
 
     /// Sends the request back to its scheduler for another backend (SPEC 2.8).

@@ -44,7 +44,10 @@ fn engine_profile(spec: &str) -> warmpath::sim::engine::EngineParams {
 /// Workloads unlike both traces, from the synthetic multi-turn generator (arrival times are
 /// compressed to the load like a trace's): `chat`, short prompts and long answers (a chat
 /// assistant: a few hundred tokens a turn, answers of 300); `agent`, a long shared system
-/// prompt (tool definitions), short steps and answers, many turns in quick succession.
+/// prompt (tool definitions), short steps and answers, many turns in quick succession;
+/// `coder`, a coding agent whose context grows by a file and an answer each turn to about 16k
+/// tokens (a few dozen such sessions fill an H100's KV cache); `summarize`, one turn each of a
+/// long document nobody else sends (nothing to reuse but a short instruction).
 fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
     use warmpath::bench::synthetic::MultiTurn;
     let base = MultiTurn { rate: 5.0, duration: Duration::from_secs(400), ..MultiTurn::default() };
@@ -56,6 +59,25 @@ fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
             new_words: 40,
             answer_tokens: 300,
             think_mean: Duration::from_secs(8),
+            ..base
+        },
+        "coder" => MultiTurn {
+            rate: 1.0,
+            turns: 12,
+            system_words: 2000,
+            context_words: 3000,
+            new_words: 600,
+            answer_tokens: 350,
+            think_mean: Duration::from_secs(3),
+            ..base
+        },
+        "summarize" => MultiTurn {
+            rate: 5.0,
+            turns: 1,
+            system_words: 60,
+            context_words: 5000,
+            new_words: 20,
+            answer_tokens: 200,
             ..base
         },
         _ => MultiTurn {
@@ -92,7 +114,7 @@ fn main() {
             &trace::read_ragpulse(&trace::trace_file(&dir, trace::RAGPULSE_FILE).unwrap()).unwrap(),
             1.0,
         ),
-        "chat" | "agent" => synthetic(trace_name),
+        "chat" | "agent" | "coder" | "summarize" => synthetic(trace_name),
         other => panic!("unknown trace {other}"),
     };
     let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());

@@ -20,6 +20,7 @@ system prompt, short quick steps), which resemble neither trace. PROFILES (space
 default the ten below) names the engine models, a comma between the engines of one fleet (a
 single profile is two engines of it). TARGETS (default `default
 cache_aware`) names the fleet example's routers to run; the first is compared with the second.
+LOADS (default `0.7 0.9`) names the loads, fractions of the fleet's measured capacity.
 Any other environment (a lab build's switches) passes through.
 Each CSV line: TARGET,SEED|the fleet example's CSV line.
 """
@@ -33,7 +34,7 @@ FLEET = os.environ.get("FLEET", "target/release/examples/fleet")
 SEEDS = os.environ.get("SEEDS", "012")
 TARGETS = os.environ.get("TARGETS", "default cache_aware").split()
 TRACES = os.environ.get("TRACES", "mooncake ragpulse chat agent").split()
-LOADS = ["0.7", "0.9"]
+LOADS = os.environ.get("LOADS", "0.7 0.9").split()
 PROFILES = os.environ.get("PROFILES", "").split() or [
     "h100-8b",
     "l4-3b",

@@ -357,6 +357,35 @@ fn split(outputs: &[Output]) -> (Vec<Output>, BTreeSet<(RequestId, super::Reject
     (admits, rejects)
 }
 
+/// Runs `script`, each input at its tick with an arrival's prompt blocks beside it, through the
+/// scheduler and the reference and compares them as [`run`] does; returns the scheduler's
+/// outputs. For what random bytes seldom reach: a learned prefill rate needs eight first bytes
+/// in one window on one backend.
+pub fn run_script(params: &Params, script: &[(Tick, Input, Vec<u64>)]) -> Vec<Output> {
+    let mut real = Scheduler::new(params.clone(), 0);
+    let mut model = Reference::new(params.clone());
+    let pool = real.prompt_pool();
+    let (mut got, mut want, mut all) = (Vec::new(), Vec::new(), Vec::new());
+    for (step, (now, input, blocks)) in script.iter().enumerate() {
+        let (now, mut input) = (*now, *input);
+        if let (Input::Arrive(arrival), Some(pool)) = (&mut input, &pool) {
+            arrival.prompt = pool.acquire().expect("a free prompt slot");
+            pool.with(arrival.prompt, |hashes| hashes.extend_from_slice(blocks));
+        }
+        model.set_next_blocks(blocks);
+        got.clear();
+        want.clear();
+        real.handle(now, input, &mut got);
+        model.handle(now, input, &mut want);
+        let context = || format!("script step {step} at {now}: {input:?}");
+        assert_eq!(split(&got), split(&want), "outputs differ, {}", context());
+        real.check_invariants();
+        compare_state(&real, &model, params.backends, &context);
+        all.extend_from_slice(&got);
+    }
+    all
+}
+
 /// Runs the byte string `data` as a differential test; panics on the first divergence.
 pub fn run(data: &[u8]) {
     run_params(data, false);

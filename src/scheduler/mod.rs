@@ -204,7 +204,7 @@ impl Scheduler {
         self.fire_timers(now, out);
         match input {
             Input::Arrive(arrival) => self.arrive(now, arrival, out),
-            Input::Cancel(id) => self.cancel(id),
+            Input::Cancel(id) => self.cancel(now, id),
             Input::FirstByte(id) => self.first_byte(now, id),
             Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
@@ -476,13 +476,13 @@ impl Scheduler {
         self.fair.served(tenant, self.prompt_tokens(index), queued);
     }
 
-    fn cancel(&mut self, id: RequestId) {
+    fn cancel(&mut self, now: Tick, id: RequestId) {
         let Some(index) = self.queue.unindex(id.0, |_| true) else {
             self.stats.stale_events += 1;
             return;
         };
         if self.queue.get(index).place == Place::Admitted {
-            self.release_slot(index);
+            self.release_slot(now, index);
         } else {
             self.unqueue(index);
             self.stats.cancelled += 1;
@@ -512,6 +512,7 @@ impl Scheduler {
         let backend = &mut self.backends[b];
         backend.prefill_tokens -= tokens;
         backend.prefill_pending -= 1;
+        backend.prefill_since = now;
         self.queue.get_mut(index).prefill_pending = false;
         let admitted_at = self.learned.admitted_at[index as usize];
         self.learned.prefill[b].first_byte(now, admitted_at, tokens);
@@ -524,7 +525,7 @@ impl Scheduler {
         };
         let entry = *self.queue.get(index);
         self.learn_usage(now, &entry, usage);
-        self.release_slot(index);
+        self.release_slot(now, index);
         if success && matches!(entry.identity, Identity::Derived | Identity::Fresh) {
             self.record_end(index, entry.session);
         }
@@ -607,7 +608,7 @@ impl Scheduler {
     fn retry(&mut self, now: Tick, id: RequestId, out: &mut Vec<Output>) {
         let Some(index) = self.admitted(id) else { return };
         let entry = *self.queue.get(index);
-        self.release_slot(index);
+        self.release_slot(now, index);
         self.note_failure(now, entry.backend);
         let reason = if self.shutting_down {
             Some(RejectReason::ShuttingDown)
@@ -834,6 +835,9 @@ impl Scheduler {
         self.learned.backlog[slot] = tokens;
         state.inflight += 1;
         if pending {
+            if state.prefill_pending == 0 {
+                state.prefill_since = now;
+            }
             state.prefill_tokens += u64::from(tokens);
             state.prefill_pending += 1;
             state.budget_filled |= state.budget > 0 && state.prefill_tokens >= state.budget;
@@ -887,7 +891,7 @@ impl Scheduler {
     }
 
     /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
-    fn release_slot(&mut self, index: u32) {
+    fn release_slot(&mut self, now: Tick, index: u32) {
         let tokens = u64::from(self.learned.backlog[index as usize]);
         let entry = self.queue.get_mut(index);
         let (backend, pending) = (entry.backend, entry.prefill_pending);
@@ -898,6 +902,7 @@ impl Scheduler {
         if pending {
             state.prefill_tokens -= tokens;
             state.prefill_pending -= 1;
+            state.prefill_since = now;
         }
         self.inflight -= 1;
     }

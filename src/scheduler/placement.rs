@@ -1,7 +1,8 @@
 //! S16 prefix-cost placement inside the scheduler: which queued request goes where.
 //!
 //! A backend's *cost* for a request is, in time at the backend's learned prefill rate:
-//! - its prefill backlog (S6.3);
+//! - what is left of its prefill backlog (S6.3): the backlog less what the backend's learned
+//!   rate clears from the moment its engine is taken to have begun on it (`prefill_since`);
 //! - the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
 //!   (`prompt_tokens − matched blocks × prefix_block_bytes / 4`), each token beyond the least
 //!   any usable backend would compute weighted [`CACHE_WEIGHT`] (a request with no home pays 1
@@ -451,7 +452,7 @@ impl Scheduler {
                 // No prompt to place by (too short to hash, or no text): session affinity.
                 return Some((index, lane, home));
             }
-            let Some((cheapest, best)) = self.cheapest(avoid) else { continue };
+            let Some((cheapest, best)) = self.cheapest(now, avoid) else { continue };
             if best.0 == cheapest.0 || matches!(lane, Lane::Retry | Lane::Forced) {
                 return Some((index, lane, best.0));
             }
@@ -493,7 +494,7 @@ impl Scheduler {
     /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for the
     /// request of the last [`match_prompt`](Self::match_prompt); `avoid` only when nothing
     /// else qualifies.
-    fn cheapest(&self, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
+    fn cheapest(&self, now: Tick, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
         let fastest = self.fastest_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
@@ -501,7 +502,8 @@ impl Scheduler {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
             let decoding = u64::from(backend.inflight) - pending;
-            let work = backend.prefill_tokens
+            let backlog = remaining_backlog(backend, self.learned.prefill[b].rate, now);
+            let work = backlog
                 + self.cache_cost(b).saturating_sub(everywhere)
                 + JOIN_WEIGHT * pending * self.uncached(b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
@@ -602,6 +604,28 @@ impl Scheduler {
         let key = self.wheel.insert(at, Timer::Placement);
         self.prefix.as_mut().expect("checked").timer = Some((at, key));
     }
+}
+
+/// What is left of `backend`'s prefill backlog by estimate: the backlog less what its engine
+/// clears at its learned `rate` (tokens per tick) from `prefill_since` to `now`, and all of it
+/// while the rate is unknown. The backlog counts a request until its first byte, but the engine
+/// began on it earlier; of two backends with equal backlogs, the one that began longer ago
+/// finishes first.
+fn remaining_backlog(backend: &super::policy::Backend, rate: (u64, u64), now: Tick) -> u64 {
+    if backend.prefill_tokens == 0 || rate.0 == 0 || rate.1 == 0 {
+        return backend.prefill_tokens;
+    }
+    let elapsed = now.saturating_sub(backend.prefill_since);
+    // One 64-bit division where the product fits, which it does but after hours idle: this
+    // runs for every backend of every request the placement scan looks at.
+    let cleared = match elapsed.checked_mul(rate.0) {
+        Some(product) => product / rate.1,
+        None => {
+            let cleared = u128::from(elapsed) * u128::from(rate.0) / u128::from(rate.1);
+            u64::try_from(cleared).unwrap_or(u64::MAX)
+        }
+    };
+    backend.prefill_tokens.saturating_sub(cleared)
 }
 
 /// The estimated tokens of `blocks` prompt blocks of `block_bytes` each, at `rate`.

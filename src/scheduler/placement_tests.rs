@@ -847,3 +847,29 @@ fn an_uncached_prompt_goes_where_it_would_be_done_soonest() {
     h.s.learned.prefill[1].rate = (100, 100);
     assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 1)]);
 }
+
+/// Of two backends with equal prefill backlogs, a prompt goes to the one whose engine began on
+/// its backlog longer ago: the cost counts the backlog less what the backend's learned rate has
+/// cleared since (a request counts in the backlog until its first byte, but the engine began on
+/// it earlier). Both rates are one token per tick. Backend 1 took a ten-block prompt at tick 0;
+/// backend 0, idle after its first request's first byte and end, took one at tick 500. At tick
+/// 600 a third ten-block prompt costs 640 − 100 + 640 + 2 × 640 on backend 0 and 640 − 600 +
+/// 640 + 2 × 640 on backend 1. Counted whole, the backlogs tie, and the tie goes to backend 0
+/// (equal inflight, the lower index).
+#[test]
+fn a_prompt_goes_where_the_engine_began_on_its_backlog_earlier() {
+    let mut h = H::new(params(2, 8));
+    let tokens = 10 * BLOCK_TOKENS;
+    assert_eq!(h.arrive(1, None, &chain(100, 10), tokens, true), vec![(1, 0)]);
+    assert_eq!(h.arrive(2, None, &chain(200, 10), tokens, true), vec![(2, 1)]);
+    h.now = 100;
+    h.first_byte(1);
+    h.complete(1);
+    h.s.learned.prefill[0].rate = (1, 1);
+    h.s.learned.prefill[1].rate = (1, 1);
+    h.now = 500;
+    assert_eq!(h.arrive(3, None, &chain(300, 10), tokens, true), vec![(3, 0)]);
+    assert_eq!(h.s.backend_prefill_tokens(0), h.s.backend_prefill_tokens(1));
+    h.now = 600;
+    assert_eq!(h.arrive(4, None, &chain(400, 10), tokens, true), vec![(4, 1)]);
+}

@@ -104,6 +104,11 @@ pub(crate) struct Backend {
     pub prefill_tokens: u64,
     /// How many requests those are.
     pub prefill_pending: u32,
+    /// When the engine is taken to have begun on the backlog as it stands: the last time a
+    /// request left it (its first byte, or its end without one), or the admission that made it
+    /// non-empty. S16's cost counts the backlog less what the backend's learned prefill rate
+    /// clears from then on (`placement::remaining_backlog`).
+    pub prefill_since: Tick,
     /// The prefill budget: `prefill_tokens` must be below it; 0 = no budget.
     pub budget: u64,
     /// The backlog reached the budget since the last snapshot.
@@ -128,6 +133,7 @@ impl Backend {
         holds: 0,
         prefill_tokens: 0,
         prefill_pending: 0,
+        prefill_since: 0,
         budget: 0,
         budget_filled: false,
         waiting: None,

@@ -129,6 +129,9 @@ struct Backend {
     waiting: Option<u32>,
     scraped_at: Tick,
     stale_deadline: Option<Tick>,
+    /// The last time a pending prefill left this backend: its first byte, or its request's
+    /// end without one.
+    prefill_left_at: Tick,
 }
 
 impl Backend {
@@ -142,6 +145,7 @@ impl Backend {
         waiting: None,
         scraped_at: 0,
         stale_deadline: None,
+        prefill_left_at: 0,
     };
 }
 
@@ -386,7 +390,7 @@ impl Reference {
         self.fire(now, out);
         match input {
             Input::Arrive(arrival) => self.arrive(now, arrival, out),
-            Input::Cancel(id) => self.cancel(id),
+            Input::Cancel(id) => self.cancel(now, id),
             Input::FirstByte(id) => self.first_byte(now, id),
             Input::Complete { id, success, usage } => self.complete(now, id, success, usage),
             Input::Retry(id) => self.retry(now, id, out),
@@ -544,13 +548,14 @@ impl Reference {
         t.key = queued.then_some(t.finish);
     }
 
-    fn cancel(&mut self, id: RequestId) {
+    fn cancel(&mut self, now: Tick, id: RequestId) {
         if let Some(index) = self.queued.iter().position(|q| q.id == id.0) {
             self.queued.remove(index);
             self.settle();
             self.stats.cancelled += 1;
         } else if let Some(index) = self.admitted.iter().position(|a| a.request.id == id.0) {
-            self.admitted.remove(index);
+            let gone = self.admitted.remove(index);
+            self.prefill_left(now, &gone);
         } else {
             self.stats.stale_events += 1;
         }
@@ -573,6 +578,7 @@ impl Reference {
         }
         a.prefill_pending = false;
         let (backend, admitted_at, tokens) = (a.backend, a.admitted_at, u64::from(a.backlog));
+        self.backends[usize::from(backend)].prefill_left_at = now;
         let l = &mut self.learned[usize::from(backend)];
         // Admitted before the previous first byte: its service began at that first byte.
         if admitted_at < l.last_first_byte {
@@ -609,6 +615,7 @@ impl Reference {
     fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {
         let Some(index) = self.find_admitted(id) else { return };
         let done = self.admitted.remove(index);
+        self.prefill_left(now, &done);
         let backend = done.backend;
         if usage.prompt_tokens > 0 {
             let bytes = u64::from(done.request.prompt_bytes);
@@ -659,6 +666,7 @@ impl Reference {
     fn retry(&mut self, now: Tick, id: RequestId, out: &mut Vec<Output>) {
         let Some(index) = self.find_admitted(id) else { return };
         let failed = self.admitted.remove(index);
+        self.prefill_left(now, &failed);
         let state = &mut self.backends[usize::from(failed.backend)];
         state.failures += 1;
         let limit = self.p.eject_after_failures;
@@ -776,6 +784,13 @@ impl Reference {
 
     fn holds_on(&self, backend: u16) -> u32 {
         self.holds.iter().filter(|hold| hold.1 == backend).count() as u32
+    }
+
+    /// An admitted request left: if it was still prefilling, its backend's backlog lost it.
+    fn prefill_left(&mut self, now: Tick, gone: &Admitted) {
+        if gone.prefill_pending {
+            self.backends[usize::from(gone.backend)].prefill_left_at = now;
+        }
     }
 
     fn prefill(&self, backend: u16) -> u64 {

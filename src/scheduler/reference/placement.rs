@@ -113,8 +113,25 @@ impl Reference {
         CACHE_WEIGHT * (uncached - copied) + copied
     }
 
-    /// `backend`'s S16 cost for `request`, in tokens of the fastest backend's time.
-    fn cost(&self, request: &Queued, backend: u16) -> u64 {
+    /// `backend`'s prefill backlog less what its engine has cleared of it at its learned rate
+    /// since it began on it: the later of the last time a prefill left the backlog and the
+    /// earliest admission in it.
+    fn remaining(&self, backend: u16, now: Tick) -> u64 {
+        let backlog = self.prefill(backend);
+        let pending = self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending);
+        let Some(earliest) = pending.map(|a| a.admitted_at).min() else { return backlog };
+        let began = earliest.max(self.backends[usize::from(backend)].prefill_left_at);
+        match self.rate(backend) {
+            (0, _) | (_, 0) => backlog,
+            (tokens, ticks) => {
+                let cleared = u128::from(now - began) * u128::from(tokens) / u128::from(ticks);
+                backlog.saturating_sub(u64::try_from(cleared).unwrap_or(u64::MAX))
+            }
+        }
+    }
+
+    /// `backend`'s S16 cost for `request` at `now`, in tokens of the fastest backend's time.
+    fn cost(&self, request: &Queued, backend: u16, now: Tick) -> u64 {
         // Tokens every usable backend would compute weigh 1: the request's own prefill.
         let least = (0..self.p.backends)
             .filter(|&b| self.usable(b))
@@ -131,7 +148,7 @@ impl Reference {
         // Each prefill pending there is delayed by this request's uncached tokens.
         let joined = JOIN_WEIGHT * on(true) * self.uncached(request, backend);
         let cached = self.cache_cost(request, backend).saturating_sub((CACHE_WEIGHT - 1) * least);
-        let work = self.prefill(backend) + cached + joined + weight * on(false);
+        let work = self.remaining(backend, now) + cached + joined + weight * on(false);
         self.at_fastest(work, backend)
     }
 
@@ -171,7 +188,7 @@ impl Reference {
             {
                 return Some((index, home));
             }
-            let cost = |b: u16| self.cost(request, b);
+            let cost = |b: u16| self.cost(request, b, now);
             let best = |filter: &dyn Fn(u16) -> bool| {
                 (0..self.p.backends)
                     .filter(|&b| filter(b))

@@ -61,6 +61,7 @@ fn run(
         report_waiting: true,
         trace_budget: false,
         session_tenants: tenants,
+        streaming: true,
     };
     fleet::run(workload, &spec)
 }

@@ -5,6 +5,7 @@
 //! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
 //! PROFILE may override a named profile's values: `l4-3b/kv_blocks=4000/max_num_seqs=64`.
 //! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
+//! NO_STREAM=1 sends non-streaming requests (no first byte for the router before the end).
 //! DUMP=FILE writes one line per request: follow-up (0/1), backend, prompt tokens, cached
 //! tokens, TTFT and queue wait (seconds, -1 when it failed), send time (simulated seconds).
 
@@ -189,6 +190,7 @@ fn main() {
         report_waiting: std::env::var("NO_WAITING").is_err(),
         trace_budget: std::env::var("TRACE_BUDGET").is_ok(),
         session_tenants: Vec::new(),
+        streaming: std::env::var("NO_STREAM").is_err(),
     };
     let clock = warmpath::clock::Clock::real();
     let started = clock.now();

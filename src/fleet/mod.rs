@@ -72,6 +72,10 @@ pub struct FleetSpec {
     /// Issue \[11\]: the tenant of each session of the workload, by index (missing: 0, none);
     /// its requests carry it to the scheduler, whose `tenant_weights` must know it.
     pub session_tenants: Vec<u16>,
+    /// Whether requests stream. A non-streaming request gives warmpath no first byte before its
+    /// end, so it counts in no prefill backlog and teaches no rate (SPEC S6.3); the outcomes
+    /// still report the engine's first token, what the client would see had it streamed.
+    pub streaming: bool,
 }
 
 /// What one request saw.
@@ -458,7 +462,7 @@ impl<'a> Fleet<'a> {
             id: RequestId(u64::from(r)),
             session: Some(hash_session(session_id)),
             prompt_bytes: u32::try_from(self.body.len()).unwrap_or(u32::MAX),
-            streaming: true,
+            streaming: self.spec.streaming,
             prompt,
             tenant: self.spec.session_tenants.get(s).copied().unwrap_or(0),
         };

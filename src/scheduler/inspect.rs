@@ -220,9 +220,10 @@ impl Scheduler {
         self.wheel.check_invariants();
         let count = self.backends.len();
         let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
-        let mut pending = vec![0u32; count];
+        let (mut pending, mut unstreamed) = (vec![0u32; count], vec![0u32; count]);
         self.queue.for_each_admitted(|index, entry| {
             inflight[usize::from(entry.backend)] += 1;
+            unstreamed[usize::from(entry.backend)] += u32::from(!entry.streaming);
             if entry.prefill_pending {
                 prefill[usize::from(entry.backend)] +=
                     u64::from(self.learned.backlog[index as usize]);
@@ -237,6 +238,7 @@ impl Scheduler {
             assert_eq!(backend.inflight, inflight[index], "inflight of backend {index}");
             assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
             assert_eq!(backend.prefill_pending, pending[index], "prefill requests of {index}");
+            assert_eq!(backend.unstreamed, unstreamed[index], "non-streaming of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");
             // A reconfiguration may lower the cap under a backend's inflight; no slot is held
             // then, and none is admitted until it is under the cap again.

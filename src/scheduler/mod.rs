@@ -690,10 +690,12 @@ impl Scheduler {
         if let (true, Some(waiting)) = (auto, snapshot.waiting) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
             // to be its own (a request it sent and the engine has not started has no first
-            // byte): those steer the budget; the rest are someone else's, and only those gate
-            // the backend (policy.rs).
+            // byte): those steer the budget. Of the rest, as many as warmpath has non-streaming
+            // requests there may be its own too (they show no first byte at all). Only what is
+            // left, someone else's, gates the backend (policy.rs).
             let own = waiting.min(state.prefill_pending);
-            state.waiting = Some(waiting - own);
+            let unseen = (waiting - own).min(state.unstreamed);
+            state.waiting = Some(waiting - own - unseen);
             // The budget held requests back since the last snapshot, and requests are queued.
             let held_back = std::mem::take(&mut state.budget_filled) && queued;
             let prefill = &mut self.learned.prefill[usize::from(backend)];
@@ -827,6 +829,7 @@ impl Scheduler {
         entry.backend = backend;
         entry.prefill_pending = entry.streaming;
         let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
+        let streaming = entry.streaming;
         let (turn, warm) = (entry.turn, predicted.unwrap_or(affinity));
         let derived = entry.identity == Identity::Derived;
         let slot = index as usize;
@@ -834,6 +837,7 @@ impl Scheduler {
         self.learned.admitted_at[slot] = now;
         self.learned.backlog[slot] = tokens;
         state.inflight += 1;
+        state.unstreamed += u32::from(!streaming);
         if pending {
             if state.prefill_pending == 0 {
                 state.prefill_since = now;
@@ -894,11 +898,12 @@ impl Scheduler {
     fn release_slot(&mut self, now: Tick, index: u32) {
         let tokens = u64::from(self.learned.backlog[index as usize]);
         let entry = self.queue.get_mut(index);
-        let (backend, pending) = (entry.backend, entry.prefill_pending);
+        let (backend, pending, streaming) = (entry.backend, entry.prefill_pending, entry.streaming);
         entry.place = Place::Free;
         entry.prefill_pending = false;
         let state = &mut self.backends[usize::from(backend)];
         state.inflight -= 1;
+        state.unstreamed -= u32::from(!streaming);
         if pending {
             state.prefill_tokens -= tokens;
             state.prefill_pending -= 1;

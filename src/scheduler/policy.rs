@@ -9,11 +9,12 @@
 //!
 //! The waiting gauge (S6.2) under a learned budget: an engine's waiting queue holds the
 //! prefills warmpath itself sent and the engine has not started yet, which a budget of more than
-//! one step of prefill always leaves there. So while warmpath has streaming requests awaiting
-//! their first byte on a backend, the budget governs it and its gauge is not read; a positive
-//! gauge closes a backend only when warmpath has nothing pending there (the queue is someone
-//! else's: another router, a direct client, warmpath's own non-streaming requests, which give
-//! no first-byte signal). With a fixed budget S6.2 applies as SPEC states it.
+//! one step of prefill always leaves there. So of the waiting requests a snapshot reports, as
+//! many as warmpath has streaming requests awaiting their first byte there are taken to be
+//! those, then as many as it has non-streaming requests in flight there (they give no
+//! first-byte signal at all, so any may be waiting); only the rest, someone else's queue
+//! (another router, a direct client), closes the backend. With a fixed budget S6.2 applies as
+//! SPEC states it.
 
 use crate::clock::Tick;
 use crate::wheel::TimerKey;
@@ -104,6 +105,10 @@ pub(crate) struct Backend {
     pub prefill_tokens: u64,
     /// How many requests those are.
     pub prefill_pending: u32,
+    /// Admitted non-streaming requests in flight: they give no first byte before their end, so
+    /// any of them may be one the engine has waiting (their part of its waiting gauge does not
+    /// gate the backend under an `auto` budget).
+    pub unstreamed: u32,
     /// When the engine is taken to have begun on the backlog as it stands: the last time a
     /// request left it (its first byte, or its end without one), or the admission that made it
     /// non-empty. S16's cost counts the backlog less what the backend's learned prefill rate
@@ -133,6 +138,7 @@ impl Backend {
         holds: 0,
         prefill_tokens: 0,
         prefill_pending: 0,
+        unstreamed: 0,
         prefill_since: 0,
         budget: 0,
         budget_filled: false,

@@ -737,6 +737,8 @@ impl Reference {
         let own =
             self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
         let own = own as u32;
+        let unstreamed = self.admitted.iter().filter(|a| a.backend == backend);
+        let unstreamed = unstreamed.filter(|a| !a.request.streaming).count() as u32;
         let queued = !self.queued.is_empty();
         let state = &mut self.backends[b];
         state.healthy = snapshot.healthy;
@@ -748,8 +750,9 @@ impl Reference {
         state.scraped_at = snapshot.scraped_at;
         if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
         {
+            // Warmpath's pending requests, then its non-streaming ones, may be the waiting ones.
             let mine = waiting.min(own);
-            state.waiting = Some(waiting - mine);
+            state.waiting = Some(waiting - mine - (waiting - mine).min(unstreamed));
             let l = &mut self.learned[b];
             let held_back = std::mem::take(&mut l.filled) && queued;
             if held_back {

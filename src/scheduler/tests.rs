@@ -487,6 +487,33 @@ fn under_a_learned_budget_only_someone_elses_waiting_requests_gate_a_backend() {
     assert!(h.arrive_with(2, None, 100, true).is_empty());
 }
 
+/// A non-streaming request gives no first byte before its end, so under a learned budget the
+/// engine may be holding it waiting: as many of the waiting requests as warmpath has
+/// non-streaming ones there do not gate the backend either. Without this, an engine serving
+/// warmpath's own non-streaming requests closed at every scrape that found one waiting, until
+/// the next (in the fleet lab, TTFT 1.3-1.7x sglang-router's; perf/RESULTS.md).
+#[test]
+fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_backend() {
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Auto;
+    let mut h = Harness::new(p);
+    assert_eq!(admitted(&h.arrive_with(1, None, 100, false)), vec![1]);
+    assert_eq!(admitted(&h.arrive_with(2, None, 100, false)), vec![2]);
+    // Two waiting, both possibly warmpath's: the backend stays open.
+    h.snapshot(0, true, Some(2));
+    assert_eq!(h.s.backend_waiting(0).0, Some(0));
+    assert_eq!(admitted(&h.arrive_with(3, None, 100, false)), vec![3]);
+    // Five waiting with three of warmpath's in flight: two are someone else's, and close it.
+    h.snapshot(0, true, Some(5));
+    assert_eq!(h.s.backend_waiting(0).0, Some(2));
+    assert!(h.arrive_with(4, None, 100, false).is_empty(), "someone else's queue gates");
+    // One ends: the next snapshot counts two of warmpath's.
+    h.complete(1);
+    h.snapshot(0, true, Some(2));
+    assert_eq!(admitted(&h.out), vec![4]);
+}
+
 #[test]
 fn streak_bound_lets_the_oldest_normal_request_through() {
     let mut p = params();

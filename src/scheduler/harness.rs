@@ -378,9 +378,7 @@ pub fn run_script(params: &Params, script: &[(Tick, Input, Vec<u64>)]) -> Vec<Ou
         real.handle(now, input, &mut got);
         model.handle(now, input, &mut want);
         let context = || format!("script step {step} at {now}: {input:?}");
-        assert_eq!(split(&got), split(&want), "outputs differ, {}", context());
-        real.check_invariants();
-        compare_state(&real, &model, params.backends, &context);
+        compare_step(&real, &model, (&got, &want), params.backends, &context);
         all.extend_from_slice(&got);
     }
     all
@@ -430,15 +428,26 @@ fn run_params(data: &[u8], tenants: bool) {
             }
         }
         let context = || format!("step {step} at {now}: {next:?}\nparams {params:?}");
-        assert_eq!(split(&got), split(&want), "outputs differ, {}", context());
-        real.check_invariants();
-        compare_state(&real, &model, params.backends, &context);
+        compare_step(&real, &model, (&got, &want), params.backends, &context);
         match &next {
             Step::Input(input) => live.apply(input, &got),
             Step::Reconfigure(..) => live.apply_outputs(&got),
         }
         step += 1;
     }
+}
+
+/// After one step applied to both: their outputs, the scheduler's invariants, their states.
+fn compare_step(
+    real: &Scheduler,
+    model: &Reference,
+    (got, want): (&[Output], &[Output]),
+    backends: u16,
+    context: &dyn Fn() -> String,
+) {
+    assert_eq!(split(got), split(want), "outputs differ, {}", context());
+    real.check_invariants();
+    compare_state(real, model, backends, context);
 }
 
 fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &dyn Fn() -> String) {

@@ -40,6 +40,7 @@ use super::{
     Snapshot, Stats, Usage,
 };
 use crate::ring::prompt_pool::NO_PROMPT;
+use placement::Unstreamed;
 
 mod placement;
 
@@ -89,6 +90,9 @@ struct Admitted {
     /// Tokens counted in the backend's prefill backlog while pending.
     backlog: u32,
     admitted_at: Tick,
+    /// A non-streaming request's place in its backend's [`Unstreamed`] order: where its tokens
+    /// end.
+    place: u64,
 }
 
 /// What the reference learns of a backend.
@@ -116,6 +120,10 @@ struct Learned {
     /// The KV usage averaged over the scrapes, millionths: each moves it a
     /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
     pressure: u64,
+    /// The last scrape with prefix-cache counters: its tick, queries less hits, and whether
+    /// requests were waiting; every busy interval between two such scrapes, oldest first.
+    last_scrape: Option<(Tick, u64, bool)>,
+    busy: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +140,7 @@ struct Backend {
     /// The last time a pending prefill left this backend: its first byte, or its request's
     /// end without one.
     prefill_left_at: Tick,
+    unstreamed: Unstreamed,
 }
 
 impl Backend {
@@ -146,6 +155,7 @@ impl Backend {
         scraped_at: 0,
         stale_deadline: None,
         prefill_left_at: 0,
+        unstreamed: Unstreamed::NEW,
     };
 }
 
@@ -194,6 +204,8 @@ impl Learned {
             restarts: 0,
             restarted_at: 0,
             pressure: 0,
+            last_scrape: None,
+            busy: Vec::new(),
         }
     }
 }
@@ -359,7 +371,7 @@ impl Reference {
     /// restated: the harness compares these fields only).
     pub fn backend_estimates(&self, backend: u16) -> ((u64, u64, u64, u64, u64, u64), u64) {
         let b = usize::from(backend);
-        let rate = self.rate(backend);
+        let rate = self.rate_in_use(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
@@ -556,6 +568,7 @@ impl Reference {
         } else if let Some(index) = self.admitted.iter().position(|a| a.request.id == id.0) {
             let gone = self.admitted.remove(index);
             self.prefill_left(now, &gone);
+            self.unstreamed_gone(now, &gone, false);
         } else {
             self.stats.stale_events += 1;
         }
@@ -616,6 +629,7 @@ impl Reference {
         let Some(index) = self.find_admitted(id) else { return };
         let done = self.admitted.remove(index);
         self.prefill_left(now, &done);
+        self.unstreamed_gone(now, &done, true);
         let backend = done.backend;
         if usage.prompt_tokens > 0 {
             let bytes = u64::from(done.request.prompt_bytes);
@@ -667,6 +681,7 @@ impl Reference {
         let Some(index) = self.find_admitted(id) else { return };
         let failed = self.admitted.remove(index);
         self.prefill_left(now, &failed);
+        self.unstreamed_gone(now, &failed, false);
         let state = &mut self.backends[usize::from(failed.backend)];
         state.failures += 1;
         let limit = self.p.eject_after_failures;
@@ -733,6 +748,7 @@ impl Reference {
         if changed || self.calibrate(backend) {
             self.resize_index(backend);
         }
+        self.busy_interval(backend, &snapshot);
         let stale_after = self.p.metrics_stale_after;
         let own =
             self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
@@ -748,6 +764,8 @@ impl Reference {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
+        self.unstreamed_waiting(now, backend, snapshot.waiting, own, unstreamed);
+        let state = &mut self.backends[b];
         if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
         {
             // Warmpath's pending requests, then its non-streaming ones, may be the waiting ones.
@@ -1014,12 +1032,19 @@ impl Reference {
         let l = &mut self.learned[usize::from(backend)];
         l.period.0 += tokens;
         l.period.1 += cached;
+        let place = if prefill_pending {
+            0
+        } else {
+            let rate = self.drain_rate(backend);
+            self.backends[usize::from(backend)].unstreamed.sent(u64::from(backlog), rate, now)
+        };
         self.admitted.push(Admitted {
             request,
             backend,
             prefill_pending,
             backlog,
             admitted_at: now,
+            place,
         });
         if prefill_pending {
             let (budget, prefill) = (self.budget(backend), self.prefill(backend));

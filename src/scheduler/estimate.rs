@@ -36,6 +36,18 @@
 //! which this engine, as loaded, clears prefill. The rate ranks backends of different speeds
 //! in prefix-cost placement and is exported; the budget does not depend on it.
 //!
+//! Non-streaming requests give no first byte before their end, so a backend serving only those
+//! would learn nothing. Its engine's prefix-cache counters say how many uncached prompt tokens
+//! it began (queries less hits: vLLM counts a request's prompt when it schedules it), and an
+//! interval between two scrapes that both found requests waiting is one it spent working
+//! through a queue: those tokens over its length sample the rate at which it clears its queue
+//! ([`Prefill::engine_counters`], [`Prefill::busy_rate`], the median of the last
+//! [`RATE_WINDOWS`] samples). It is used only while first bytes have taught no rate
+//! ([`Prefill::rate_in_use`]); and a backend that has learned neither is taken to clear as fast
+//! as the fastest that has ([`Learned::drain_rate`]), as S16's cost takes an unknown rate to be.
+//! A busy interval may hold pauses in which the engine waited on its KV cache rather than on
+//! prefill; the median keeps one such interval from setting the rate.
+//!
 //! ## The admission budget ([`Prefill::budget`], per backend)
 //!
 //! A backend is eligible while its prefill backlog (estimated uncached tokens of admitted

@@ -9,6 +9,8 @@
 //!   per token of a hot shared prefix it would copy there, [`HOT_PREFIX_TOUCHES`]);
 //! - those uncached tokens again, [`JOIN_WEIGHT`] times per request the backend is already
 //!   prefilling (the prefills this one would join and delay);
+//! - what is left of the prefill of its non-streaming requests by estimate, which no first byte
+//!   takes out of a backlog ([`super::unstreamed`]);
 //! - its [`decode_weight`] in tokens per sequence the backend is decoding (more as its KV
 //!   cache runs fuller).
 //!

@@ -64,7 +64,10 @@
 #   MOONCAKE_WINDOW=1030 RAGPULSE_WINDOW=604800 MOONCAKE_RATIO=1.02 RAGPULSE_RATIO=1540
 #   HAPROXY_MAXCONN=128 SGLANG_VENV=/work/venv-sglang (created with sglang-router when missing)
 #   WARMPATH=target/release/warmpath BASE_PORT=19100 (uses BASE_PORT+1 .. +21) ROUNDS=1
-#   LABEL_SUFFIX="" (appended to each run's label)
+#   WARMPATH_ROUTER=$WARMPATH (the build the warmpath routers run: compare two builds of the
+#   router under the same bench and engines)
+#   LABEL_SUFFIX="" (appended to each run's label); BENCH_EXTRA="" (more `warmpath bench`
+#   flags for every run, e.g. --no-stream)
 # Needs haproxy, strace, curl (apt-get installs them when run as root) and python3.
 #
 # Full runs (the lead, on a quiet machine; about 55 and 25 minutes):
@@ -133,7 +136,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 # A copy, so that a rebuild during the runs does not change the binary under test.
 cp "$WARMPATH" "$TMP/warmpath"
+cp "${WARMPATH_ROUTER:-$WARMPATH}" "$TMP/warmpath-router"
 WARMPATH=$TMP/warmpath
+WARMPATH_ROUTER=$TMP/warmpath-router
 
 SIM1=$((BASE_PORT + 1)) SIM2=$((BASE_PORT + 2))
 FRONT=$((BASE_PORT + 10)) ADMIN=$((BASE_PORT + 11)) # what the bench targets; warmpath's admin
@@ -251,7 +256,7 @@ check_unsafe() { # stop everything when sglang-router tried to leave loopback
 start_warmpath() { # CONFIG LISTEN ADMIN LOGNAME [EXTRA_QUEUE]: a warmpath replica
   require_free_ports "$2" "$3"
   EXTRA_QUEUE=${5:-} warmpath_config "$1" "$2" "$3" "$SIM1" "$SIM2" >"$TMP/$4.toml"
-  start_bg "$TMP/$4.log" "$WARMPATH" serve --config "$TMP/$4.toml"
+  start_bg "$TMP/$4.log" "$WARMPATH_ROUTER" serve --config "$TMP/$4.toml"
   wait_http "http://127.0.0.1:$2/healthz"
 }
 

@@ -211,14 +211,16 @@ impl Driver<'_> {
         let (s, t) = self.turns[flat];
         let mut body = Vec::with_capacity(4096);
         let o = self.options;
-        self.workload.write_body(s as usize, t as usize, &o.model, o.ignore_eos, &mut body);
+        let flags = (o.ignore_eos, o.stream);
+        self.workload.write_body(s as usize, t as usize, &o.model, flags, &mut body);
         let session = match o.anonymous {
             true => String::new(),
             false => format!("{}: {}\r\n", o.session_header, self.workload.sessions[s as usize].id),
         };
+        let accept = if o.stream { "text/event-stream" } else { "application/json" };
         let mut request = format!(
             "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Accept: text/event-stream\r\nUser-Agent: warmpath-bench\r\n{session}{}\
+             Accept: {accept}\r\nUser-Agent: warmpath-bench\r\n{session}{}\
              Content-Length: {}\r\n\r\n",
             self.target.path,
             self.target.host,

@@ -191,6 +191,10 @@ pub struct BenchArgs {
     /// prompts (issue 10, `derive_sessions`), as it must for clients that send none.
     #[arg(long)]
     pub anonymous: bool,
+    /// multiturn, trace: ask for whole responses (no `"stream": true`), as the OpenAI SDKs do
+    /// by default; the time to the first token is then the time to the whole response.
+    #[arg(long)]
+    pub no_stream: bool,
     /// An API key sent as `Authorization: Bearer KEY` on every request (the tenants of issue 11;
     /// run one bench per tenant to load several). Also read from `$WARMPATH_API_KEY`.
     #[arg(long, value_name = "KEY", env = "WARMPATH_API_KEY", hide_env_values = true)]
@@ -221,6 +225,8 @@ pub struct RunOptions {
     pub ignore_eos: bool,
     /// Send no session header.
     pub anonymous: bool,
+    /// Ask for streamed responses.
+    pub stream: bool,
     /// Sent as `Authorization: Bearer KEY` on every request.
     pub api_key: Option<String>,
 }
@@ -238,6 +244,7 @@ impl Default for RunOptions {
             progress: false,
             ignore_eos: false,
             anonymous: false,
+            stream: true,
             api_key: None,
         }
     }
@@ -511,6 +518,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         progress: !args.no_progress,
         ignore_eos: args.ignore_eos,
         anonymous: args.anonymous,
+        stream: !args.no_stream,
         api_key: args.api_key.clone(),
     };
     let result = match run_workload(&args.target, &workload, &options) {

@@ -196,10 +196,17 @@ mod tests {
         assert_eq!(first[1].content.split(' ').count(), 16 + 4);
         assert_eq!(second[2].content.split(' ').count(), 5);
         let mut body = Vec::new();
-        w.write_body(1, 1, "m", false, &mut body);
+        w.write_body(1, 1, "m", (false, true), &mut body);
         let json: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
         assert_eq!(json["messages"].as_array().map(Vec::len), Some(4));
         assert_eq!(json["stream"], true);
         assert_eq!(json["max_tokens"], 5);
+        // `bench --no-stream`: the same request, answered whole.
+        let mut whole = Vec::new();
+        w.write_body(1, 1, "m", (true, false), &mut whole);
+        let whole: serde_json::Value = serde_json::from_slice(&whole).expect("valid JSON");
+        assert_eq!(whole["messages"], json["messages"]);
+        assert!(whole.get("stream").is_none() && whole.get("stream_options").is_none());
+        assert_eq!(whole["ignore_eos"], true);
     }
 }

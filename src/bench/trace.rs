@@ -568,7 +568,7 @@ mod tests {
         let w = mooncake(&rows, 1.0);
         let ends = |s: usize, t: usize| {
             let mut body = Vec::new();
-            w.write_body(s, t, "m", false, &mut body);
+            w.write_body(s, t, "m", (false, true), &mut body);
             let mut hasher = crate::protocol::PromptHasher::new(256);
             hasher.hash_body(&body, &mut Vec::new());
             hasher.ends()

@@ -237,14 +237,14 @@ impl Workload {
         out
     }
 
-    /// The JSON body of a streaming chat completion for turn `turn` of session `session`,
-    /// appended to `out`.
+    /// The JSON body of a chat completion for turn `turn` of session `session`, streamed with
+    /// usage in its last event (`stream`) or whole, appended to `out`.
     pub fn write_body(
         &self,
         session: usize,
         turn: usize,
         model: &str,
-        ignore_eos: bool,
+        (ignore_eos, stream): (bool, bool),
         out: &mut Vec<u8>,
     ) {
         let mut body = String::with_capacity(256);
@@ -259,11 +259,10 @@ impl Workload {
             let _ = write!(body, "{{\"role\":\"{}\",\"content\":\"{}\"}}", m.role, m.content);
         }
         let t = &self.sessions[session].turns[turn];
-        let _ = write!(
-            body,
-            "],\"max_tokens\":{},\"stream\":true,\"stream_options\":{{\"include_usage\":true}}",
-            t.max_tokens
-        );
+        let _ = write!(body, "],\"max_tokens\":{}", t.max_tokens);
+        if stream {
+            body.push_str(",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+        }
         if ignore_eos {
             body.push_str(",\"ignore_eos\":true");
         }

@@ -431,7 +431,7 @@ impl<'a> Fleet<'a> {
         let req = &self.reqs[r as usize];
         let (s, t) = (req.session as usize, req.turn as usize);
         self.body.clear();
-        self.workload.write_body(s, t, &self.spec.model, false, &mut self.body);
+        self.workload.write_body(s, t, &self.spec.model, (false, true), &mut self.body);
         if self.scheduler.is_none() {
             let messages = self.messages(r);
             let backend = self.peer.as_mut().expect("a peer").route(&messages);

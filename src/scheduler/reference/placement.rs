@@ -11,8 +11,7 @@ use super::super::placement::{
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
-use super::super::EngineCache;
-use super::super::{IndexSize, Lane, Routing, Snapshot};
+use super::super::{IndexSize, Lane, Routing};
 use super::{Admitted, Queued, Reference, NONE};
 
 impl Reference {
@@ -296,70 +295,6 @@ impl Unstreamed {
 }
 
 impl Reference {
-    /// The prefill rate S16 counts `backend` at: its first bytes', else its busy intervals'.
-    pub(super) fn rate_in_use(&self, backend: u16) -> (u64, u64) {
-        let rate = self.rate(backend);
-        if rate.0 > 0 {
-            return rate;
-        }
-        let busy = &self.learned[usize::from(backend)].busy;
-        let mut last = busy[busy.len().saturating_sub(estimate::RATE_WINDOWS)..].to_vec();
-        last.sort_by(|&a, &b| estimate::rate_order(a, b));
-        last.get(last.len() / 2).copied().unwrap_or((0, 0))
-    }
-
-    /// The fastest rate in use, `(0, 0)` when none is known.
-    fn fastest(&self) -> (u64, u64) {
-        let mut fastest = (0, 0);
-        for b in 0..self.p.backends {
-            let r = self.rate_in_use(b);
-            if r.0 > 0
-                && (fastest.0 == 0
-                    || u128::from(r.0) * u128::from(fastest.1)
-                        > u128::from(fastest.0) * u128::from(r.1))
-            {
-                fastest = r;
-            }
-        }
-        fastest
-    }
-
-    /// The rate `backend`'s backlogs drain at: its own, else the fastest known.
-    pub(super) fn drain_rate(&self, backend: u16) -> (u64, u64) {
-        let rate = self.rate_in_use(backend);
-        if rate.0 > 0 {
-            rate
-        } else {
-            self.fastest()
-        }
-    }
-
-    /// A scrape's prefix-cache counters: an interval between two scrapes that both found
-    /// requests waiting is a busy one, the uncached tokens the engine began over its length.
-    pub(super) fn busy_interval(&mut self, backend: u16, snapshot: &Snapshot) {
-        let cache = snapshot.cache;
-        let l = &mut self.learned[usize::from(backend)];
-        if cache.prefix_queries == EngineCache::NO_COUNTER
-            || cache.prefix_hits == EngineCache::NO_COUNTER
-        {
-            l.last_scrape = None;
-            return;
-        }
-        let computed = cache.prefix_queries.saturating_sub(cache.prefix_hits);
-        let waiting = snapshot.waiting.unwrap_or(0) > 0;
-        let at = snapshot.scraped_at;
-        match l.last_scrape {
-            Some((before, _, _)) if at <= before => {}
-            Some((before, then, was_waiting)) => {
-                if was_waiting && waiting && computed > then {
-                    l.busy.push((computed - then, at - before));
-                }
-                l.last_scrape = Some((at, computed, waiting));
-            }
-            None => l.last_scrape = Some((at, computed, waiting)),
-        }
-    }
-
     /// A scrape found `waiting` requests waiting on `backend`, where warmpath has `own`
     /// pending and `unstreamed` non-streaming requests: of what waits after the pending ones,
     /// its non-streaming ones bound its non-streaming backlog.

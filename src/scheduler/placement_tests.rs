@@ -873,22 +873,3 @@ fn a_prompt_goes_where_the_engine_began_on_its_backlog_earlier() {
     h.now = 600;
     assert_eq!(h.arrive(4, None, &chain(400, 10), tokens, true), vec![(4, 1)]);
 }
-
-/// A non-streaming prompt shows no first byte, but its tokens count as prefill left on its
-/// backend until an end says otherwise (no rate is known here to drain them). Backend 0 takes
-/// a twenty-block prompt, backend 1 a one-block one; each decodes one sequence (125 tokens of
-/// cost). A third, one-block prompt costs 1,280 + 125 + 64 on backend 0 and 64 + 125 + 64 on
-/// backend 1. Counted as decoding sequences only, the two tie and the tie goes to backend 0.
-/// Once the long one ends, backend 0 is the cheaper.
-#[test]
-fn a_non_streaming_prompt_counts_as_prefill_left_until_it_ends() {
-    let mut h = H::new(params(2, 8));
-    assert_eq!(h.arrive(1, None, &chain(100, 20), 20 * BLOCK_TOKENS, false), vec![(1, 0)]);
-    assert_eq!(h.arrive(2, None, &chain(200, 1), BLOCK_TOKENS, false), vec![(2, 1)]);
-    assert_eq!(h.arrive(3, None, &chain(300, 1), BLOCK_TOKENS, false), vec![(3, 1)]);
-    // A scrape that finds nothing waiting does not clear the one prompt backend 0 began.
-    h.send(report(0, EngineCache::UNKNOWN));
-    assert_eq!(h.arrive(4, None, &chain(400, 1), BLOCK_TOKENS, false), vec![(4, 1)]);
-    h.complete(1);
-    assert_eq!(h.arrive(5, None, &chain(500, 1), BLOCK_TOKENS, false), vec![(5, 0)]);
-}

@@ -7,7 +7,8 @@
 //! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
 //! NO_STREAM=1 sends non-streaming requests (no first byte for the router before the end).
 //! DUMP=FILE writes one line per request: follow-up (0/1), backend, prompt tokens, cached
-//! tokens, TTFT and queue wait (seconds, -1 when it failed), send time (simulated seconds).
+//! tokens, TTFT and queue wait (seconds, -1 when it failed), send time (simulated seconds),
+//! send to last token (seconds: what a non-streaming client waits for).
 
 use std::time::Duration;
 
@@ -275,14 +276,15 @@ fn main() {
         let mut text = String::new();
         for o in &report.outcomes {
             text += &format!(
-                "{} {} {} {} {:.5} {:.5} {:.6}\n",
+                "{} {} {} {} {:.5} {:.5} {:.6} {:.5}\n",
                 u8::from(o.follow_up),
                 o.backend,
                 o.prompt_tokens,
                 o.cached_tokens,
                 o.ttft.unwrap_or(-1.0),
                 o.queued,
-                o.sent
+                o.sent,
+                o.e2e
             );
         }
         std::fs::write(path, text).unwrap();

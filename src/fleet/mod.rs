@@ -388,7 +388,11 @@ impl<'a> Fleet<'a> {
             .map(|r| Outcome {
                 follow_up: r.follow_up,
                 ttft: r.first.filter(|_| !r.failed).map(|f| secs(f + self.spec.client_ns - r.sent)),
-                e2e: secs(self.now.saturating_sub(r.sent)),
+                e2e: secs(
+                    self.finished[r.session as usize][r.turn as usize]
+                        .unwrap_or(self.now)
+                        .saturating_sub(r.sent),
+                ),
                 prompt_tokens: r.prompt_tokens,
                 cached_tokens: r.cached_tokens,
                 backend: r.backend,
@@ -649,4 +653,50 @@ fn secs(ns: u64) -> f64 {
 /// Nanoseconds of a duration, for specs.
 pub fn ns(d: Duration) -> u64 {
     d.as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bench::synthetic::MultiTurn;
+
+    /// An outcome's `e2e` is its own send to last token, not the send to the end of the run
+    /// (what it was until the thirteenth session; nothing read it then).
+    #[test]
+    fn e2e_is_each_requests_send_to_its_last_token() {
+        let workload = MultiTurn {
+            rate: 2.0,
+            duration: Duration::from_secs(10),
+            turns: 2,
+            answer_tokens: 20,
+            think_mean: Duration::from_secs(1),
+            ..MultiTurn::default()
+        }
+        .workload();
+        let engine = crate::sim::profile("h100-8b").expect("a named profile");
+        let spec = FleetSpec {
+            engines: vec![engine; 2],
+            router: Router::LeastInflight,
+            client_ns: 1_000_000,
+            net_ns: 4_000_000,
+            scrape_ns: 800_000_000,
+            model: "sim-8b".into(),
+            report_waiting: true,
+            trace_budget: false,
+            session_tenants: Vec::new(),
+            streaming: false,
+        };
+        let report = run(&workload, &spec);
+        assert!(report.outcomes.len() > 10);
+        for o in &report.outcomes {
+            let ttft = o.ttft.expect("no failures");
+            assert!(o.e2e >= ttft, "e2e {} before the first token {ttft}", o.e2e);
+        }
+        // Requests sent at different times end at different times, not all at the run's end.
+        let ends: Vec<f64> = report.outcomes.iter().map(|o| o.sent + o.e2e).collect();
+        let last = ends.iter().copied().fold(0.0, f64::max);
+        assert!(ends.iter().filter(|&&end| end < last - 1.0).count() > report.outcomes.len() / 2);
+    }
 }

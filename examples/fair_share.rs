@@ -52,16 +52,8 @@ fn run(
     tenants: Vec<u16>,
 ) -> FleetReport {
     let spec = FleetSpec {
-        engines: engines.to_vec(),
-        router: Router::Warmpath(params),
-        client_ns: 1_000_000,
-        net_ns: 4_000_000,
-        scrape_ns: 800_000_000,
-        model: "sim-8b".into(),
-        report_waiting: true,
-        trace_budget: false,
         session_tenants: tenants,
-        streaming: true,
+        ..FleetSpec::lab(engines.to_vec(), Router::Warmpath(params))
     };
     fleet::run(workload, &spec)
 }

@@ -182,16 +182,12 @@ fn main() {
         }
     };
     let spec = FleetSpec {
-        engines,
-        router,
-        client_ns: 1_000_000,
         net_ns,
         scrape_ns,
-        model: "sim-8b".into(),
         report_waiting: std::env::var("NO_WAITING").is_err(),
         trace_budget: std::env::var("TRACE_BUDGET").is_ok(),
-        session_tenants: Vec::new(),
         streaming: std::env::var("NO_STREAM").is_err(),
+        ..FleetSpec::lab(engines, router)
     };
     let clock = warmpath::clock::Clock::real();
     let started = clock.now();

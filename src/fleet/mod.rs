@@ -78,6 +78,26 @@ pub struct FleetSpec {
     pub streaming: bool,
 }
 
+impl FleetSpec {
+    /// `engines` behind `router`, connected as the lab connects them: 1 ms client to router, 4 ms
+    /// router to engine, a control round every 800 ms, waiting gauges reported, streaming
+    /// requests, no tenants.
+    pub fn lab(engines: Vec<EngineParams>, router: Router) -> FleetSpec {
+        FleetSpec {
+            engines,
+            router,
+            client_ns: 1_000_000,
+            net_ns: 4_000_000,
+            scrape_ns: 800_000_000,
+            model: "sim-8b".into(),
+            report_waiting: true,
+            trace_budget: false,
+            session_tenants: Vec::new(),
+            streaming: true,
+        }
+    }
+}
+
 /// What one request saw.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
@@ -677,16 +697,8 @@ mod tests {
         .workload();
         let engine = crate::sim::profile("h100-8b").expect("a named profile");
         let spec = FleetSpec {
-            engines: vec![engine; 2],
-            router: Router::LeastInflight,
-            client_ns: 1_000_000,
-            net_ns: 4_000_000,
-            scrape_ns: 800_000_000,
-            model: "sim-8b".into(),
-            report_waiting: true,
-            trace_budget: false,
-            session_tenants: Vec::new(),
             streaming: false,
+            ..FleetSpec::lab(vec![engine; 2], Router::LeastInflight)
         };
         let report = run(&workload, &spec);
         assert!(report.outcomes.len() > 10);

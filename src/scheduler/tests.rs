@@ -408,6 +408,14 @@ fn prefill_backlog_gate_and_first_byte_reopening() {
     assert_eq!(h.s.backend_prefill_tokens(0), 1000, "non-streaming requests do not count");
 }
 
+/// A harness whose backend learns its budget (`auto`), with room for 64 requests in flight.
+fn learned_budget() -> Harness {
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Auto;
+    Harness::new(p)
+}
+
 /// The learned budget's value on backend 0.
 fn budget(h: &Harness) -> u64 {
     h.s.backend_estimates(0).budget
@@ -416,10 +424,7 @@ fn budget(h: &Harness) -> u64 {
 #[test]
 fn a_learned_budget_opens_while_the_engine_runs_everything_it_is_sent_and_closes_when_it_queues() {
     use super::estimate::BUDGET_UNLEARNED;
-    let mut p = params();
-    p.inflight_per_backend = 64;
-    p.prefill_tokens_per_backend = Budget::Auto;
-    let mut h = Harness::new(p);
+    let mut h = learned_budget();
     // 4,000 estimated tokens each (16,000 bytes at the default rate): four fit the budget.
     for id in 1..=8 {
         h.arrive_with(id, None, 4000, true);
@@ -465,10 +470,7 @@ fn a_learned_budget_opens_while_the_engine_runs_everything_it_is_sent_and_closes
 
 #[test]
 fn under_a_learned_budget_only_someone_elses_waiting_requests_gate_a_backend() {
-    let mut p = params();
-    p.inflight_per_backend = 64;
-    p.prefill_tokens_per_backend = Budget::Auto;
-    let mut h = Harness::new(p);
+    let mut h = learned_budget();
     h.arrive_with(1, None, 100, true);
     // Five waiting, one of them warmpath's: four are someone else's, and they close it.
     h.snapshot(0, true, Some(5));
@@ -494,10 +496,7 @@ fn under_a_learned_budget_only_someone_elses_waiting_requests_gate_a_backend() {
 /// the next (in the fleet lab, TTFT 1.3-1.7x sglang-router's; perf/RESULTS.md).
 #[test]
 fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_backend() {
-    let mut p = params();
-    p.inflight_per_backend = 64;
-    p.prefill_tokens_per_backend = Budget::Auto;
-    let mut h = Harness::new(p);
+    let mut h = learned_budget();
     assert_eq!(admitted(&h.arrive_with(1, None, 100, false)), vec![1]);
     assert_eq!(admitted(&h.arrive_with(2, None, 100, false)), vec![2]);
     // Two waiting, both possibly warmpath's: the backend stays open.

@@ -33,14 +33,12 @@
 
 use crate::clock::Tick;
 
-use super::estimate::{self, rate_order};
 use super::tracker::reference::SessionTracker;
-use super::{
-    Arrival, Budget, EngineCache, Input, Lane, Output, Params, RejectReason, RequestId, Routing,
-    Snapshot, Stats, Usage,
-};
+use super::{Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Stats, Usage};
 use crate::ring::prompt_pool::NO_PROMPT;
 
+mod learned;
+use learned::Learned;
 mod placement;
 
 const NONE: u16 = u16::MAX;
@@ -91,33 +89,6 @@ struct Admitted {
     admitted_at: Tick,
 }
 
-/// What the reference learns of a backend.
-#[derive(Debug, Clone)]
-struct Learned {
-    last_first_byte: Tick,
-    /// The window being filled: tokens, ticks, first bytes.
-    window: (u64, u64, u32),
-    /// Every closed window, oldest first.
-    windows: Vec<(u64, u64)>,
-    /// The learned prefill budget (in effect under `auto`: [`Reference::budget`]).
-    budget: u64,
-    /// The backlog reached the budget since the last snapshot.
-    filled: bool,
-    capacity: u64,
-    counters: Option<(u64, u64)>,
-    /// The calibration period: tokens placed, predicted cached, engine cached; per-response
-    /// figures seen.
-    period: (u64, u64, u64, bool),
-    counter_seen: bool,
-    index_scale: u32,
-    /// Engine restarts seen in the counters or reported, and the tick of the last.
-    restarts: u64,
-    restarted_at: Tick,
-    /// The KV usage averaged over the scrapes, millionths: each moves it a
-    /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
-    pressure: u64,
-}
-
 #[derive(Debug, Clone)]
 struct Backend {
     healthy: bool,
@@ -157,43 +128,6 @@ impl Tenant {
             key: None,
             boosted_admits: 0,
             streak: 0,
-        }
-    }
-}
-
-impl Learned {
-    /// A snapshot's prefix-cache counters: the hits over the queries since the last ones
-    /// stand for the calibration period's engine side when no response reported its own.
-    fn count(&mut self, queries: u64, hits: u64) {
-        if let Some((q0, h0)) = self.counters {
-            if queries > q0 && hits >= h0 {
-                let (dq, dh) = (queries - q0, (hits - h0).min(queries - q0));
-                self.counter_seen = true;
-                if !self.period.3 {
-                    let share = u128::from(dh) * u128::from(self.period.0) / u128::from(dq);
-                    self.period.2 = u64::try_from(share).unwrap_or(u64::MAX);
-                }
-            }
-        }
-        self.counters = Some((queries, hits));
-    }
-
-    /// Nothing learned yet.
-    fn new() -> Learned {
-        Learned {
-            last_first_byte: 0,
-            window: (0, 0, 0),
-            windows: Vec::new(),
-            budget: estimate::BUDGET_UNLEARNED,
-            filled: false,
-            capacity: 0,
-            counters: None,
-            period: (0, 0, 0, false),
-            counter_seen: false,
-            index_scale: estimate::INDEX_SCALE_START,
-            restarts: 0,
-            restarted_at: 0,
-            pressure: 0,
         }
     }
 }
@@ -569,80 +503,12 @@ impl Reference {
         found
     }
 
-    fn first_byte(&mut self, now: Tick, id: RequestId) {
-        let Some(index) = self.find_admitted(id) else { return };
-        let a = &mut self.admitted[index];
-        self.backends[usize::from(a.backend)].failures = 0;
-        if !a.prefill_pending {
-            return;
-        }
-        a.prefill_pending = false;
-        let (backend, admitted_at, tokens) = (a.backend, a.admitted_at, u64::from(a.backlog));
-        self.backends[usize::from(backend)].prefill_left_at = now;
-        let l = &mut self.learned[usize::from(backend)];
-        // Admitted before the previous first byte: its service began at that first byte.
-        if admitted_at < l.last_first_byte {
-            l.window.0 += tokens;
-            l.window.1 += now - l.last_first_byte;
-            l.window.2 += 1;
-            if l.window.2 >= estimate::WINDOW_EVENTS {
-                let closed = (l.window.0, l.window.1.max(1));
-                l.window = (0, 0, 0);
-                if closed.0 > 0 {
-                    l.windows.push(closed);
-                }
-            }
-        }
-        l.last_first_byte = now;
-    }
-
-    /// The learned prefill rate of `backend`: the median of its last windows, or `(0, 0)`.
-    fn rate(&self, backend: u16) -> (u64, u64) {
-        let windows = &self.learned[usize::from(backend)].windows;
-        let last = &windows[windows.len().saturating_sub(estimate::RATE_WINDOWS)..];
-        let mut sorted = last.to_vec();
-        sorted.sort_by(|&a, &b| rate_order(a, b));
-        sorted.get(sorted.len() / 2).copied().unwrap_or((0, 0))
-    }
-
-    /// The estimated tokens of `bytes` at the learned tokens per byte.
-    fn tokens_of(&self, bytes: u64) -> u64 {
-        let (tokens, per) = (self.tokens.0, self.tokens.1.max(1));
-        let estimate = u32::try_from(bytes * tokens / per).unwrap_or(u32::MAX);
-        u64::from(estimate.max(u32::from(bytes > 0)))
-    }
-
     fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {
         let Some(index) = self.find_admitted(id) else { return };
         let done = self.admitted.remove(index);
         self.prefill_left(now, &done);
         let backend = done.backend;
-        if usage.prompt_tokens > 0 {
-            let bytes = u64::from(done.request.prompt_bytes);
-            let estimated = self.tokens_of(bytes);
-            if bytes > 0 {
-                if self.tokens.2 == 0 {
-                    (self.tokens.0, self.tokens.1) = (0, 0);
-                }
-                self.tokens.0 += u64::from(usage.prompt_tokens);
-                self.tokens.1 += bytes;
-                while self.tokens.1 > estimate::TOKEN_RATE_HORIZON {
-                    self.tokens.0 = self.tokens.0.div_ceil(2);
-                    self.tokens.1 = self.tokens.1.div_ceil(2);
-                }
-                self.tokens.2 += 1;
-            }
-            if usage.cached_tokens != Usage::UNKNOWN_CACHED {
-                let l = &mut self.learned[usize::from(backend)];
-                l.period.3 = true;
-                let scaled = u128::from(usage.cached_tokens) * u128::from(estimated)
-                    / u128::from(usage.prompt_tokens);
-                l.period.2 += u64::try_from(scaled).unwrap_or(u64::MAX);
-                if self.calibrate(backend) {
-                    self.resize_index(backend);
-                }
-            }
-        }
+        self.learn_usage(&done, usage);
         if !success {
             return;
         }
@@ -698,78 +564,6 @@ impl Reference {
         self.queued.push(request);
     }
 
-    fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
-        let cache = snapshot.cache;
-        let b = usize::from(backend);
-        let l = &mut self.learned[b];
-        let changed =
-            cache.kv_capacity_tokens != 0 && u64::from(cache.kv_capacity_tokens) != l.capacity;
-        if cache.kv_capacity_tokens != 0 {
-            l.capacity = u64::from(cache.kv_capacity_tokens);
-        }
-        if cache.kv_usage_micro != EngineCache::NO_USAGE {
-            let usage = u64::from(cache.kv_usage_micro).min(1_000_000);
-            let n = estimate::KV_PRESSURE_SCRAPES;
-            l.pressure = (l.pressure * (n - 1) + usage) / n;
-        }
-        let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);
-        let counted = queries != EngineCache::NO_COUNTER && hits != EngineCache::NO_COUNTER;
-        // A new engine: said by the report (its address moved), or a counter that went down.
-        let went_down = l.counters.is_some_and(|(q0, h0)| queries < q0 || hits < h0);
-        if snapshot.new_engine || counted && went_down {
-            // Its caches are empty: the index forgets every block, the calibration period
-            // starts again, and so do the counters' baseline.
-            l.restarts += 1;
-            l.restarted_at = now;
-            l.period = (0, 0, 0, false);
-            l.counters = None;
-            if self.p.routing == Routing::PrefixCost {
-                self.indexes[b] = SessionTracker::with_capacity(self.index_capacity[b]);
-            }
-        }
-        if counted {
-            l.count(queries, hits);
-        }
-        if changed || self.calibrate(backend) {
-            self.resize_index(backend);
-        }
-        let stale_after = self.p.metrics_stale_after;
-        let own =
-            self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
-        let own = own as u32;
-        let unstreamed = self.admitted.iter().filter(|a| a.backend == backend);
-        let unstreamed = unstreamed.filter(|a| !a.request.streaming).count() as u32;
-        let queued = !self.queued.is_empty();
-        let state = &mut self.backends[b];
-        state.healthy = snapshot.healthy;
-        if snapshot.healthy && state.ejected && snapshot.scraped_at > state.ejected_at {
-            state.ejected = false;
-            state.failures = 0;
-        }
-        state.waiting = snapshot.waiting;
-        state.scraped_at = snapshot.scraped_at;
-        if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
-        {
-            // Warmpath's pending requests, then its non-streaming ones, may be the waiting ones.
-            let mine = waiting.min(own);
-            state.waiting = Some(waiting - mine - (waiting - mine).min(unstreamed));
-            let l = &mut self.learned[b];
-            let held_back = std::mem::take(&mut l.filled) && queued;
-            if held_back {
-                let old = l.budget;
-                if mine < estimate::WAITING_TARGET && own > estimate::WAITING_TARGET {
-                    l.budget = (old + old.div_ceil(4)).min(estimate::BUDGET_MAX);
-                } else if mine > estimate::WAITING_TARGET {
-                    l.budget = (old - old / 8).max(estimate::BUDGET_MIN);
-                }
-            }
-        }
-        let state = &mut self.backends[b];
-        let stale_at = snapshot.scraped_at.saturating_add(stale_after);
-        let positive = state.waiting.is_some_and(|w| w > 0);
-        state.stale_deadline = (positive && stale_at > now).then_some(stale_at);
-    }
-
     fn shutdown(&mut self, out: &mut Vec<Output>) {
         self.shutting_down = true;
         for gone in self.queued.drain(..) {
@@ -808,16 +602,6 @@ impl Reference {
             state.waiting
         } else {
             None
-        }
-    }
-
-    /// The prefill budget in effect on `backend`: the configured one, or under `auto` the
-    /// learned one (which moves only under `auto`, and is where it stopped when a reload
-    /// switches back to it).
-    fn budget(&self, backend: u16) -> u64 {
-        match self.p.prefill_tokens_per_backend {
-            Budget::Auto => self.learned[usize::from(backend)].budget,
-            Budget::Tokens(tokens) => tokens,
         }
     }
 

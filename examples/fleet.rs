@@ -5,10 +5,14 @@
 //! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
 //! PROFILE may override a named profile's values: `l4-3b/kv_blocks=4000/max_num_seqs=64`.
 //! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
-//! NO_STREAM=1 sends non-streaming requests (no first byte for the router before the end).
+//! UNSTREAMED=PCT makes that share of sessions ask for whole responses (no first byte for the
+//! router before the end; `FleetSpec::unstreamed_percent`); NO_STREAM=1 is UNSTREAMED=100.
+//! The latencies printed are what each client waits for (`Outcome::seen`): the first token of
+//! a streamed response, the whole of any other. SEEN=streamed or SEEN=unstreamed restricts
+//! them to one kind of client (a mixed run is then run once for each).
 //! DUMP=FILE writes one line per request: follow-up (0/1), backend, prompt tokens, cached
 //! tokens, TTFT and queue wait (seconds, -1 when it failed), send time (simulated seconds),
-//! send to last token (seconds: what a non-streaming client waits for).
+//! send to last token (seconds: what a non-streaming client waits for), streamed (0/1).
 
 use std::time::Duration;
 
@@ -186,7 +190,11 @@ fn main() {
         scrape_ns,
         report_waiting: std::env::var("NO_WAITING").is_err(),
         trace_budget: std::env::var("TRACE_BUDGET").is_ok(),
-        streaming: std::env::var("NO_STREAM").is_err(),
+        unstreamed_percent: match (std::env::var("UNSTREAMED"), std::env::var("NO_STREAM")) {
+            (Ok(pct), _) => pct.parse().ok().filter(|&p| p <= 100).expect("UNSTREAMED: 0 to 100"),
+            (Err(_), Ok(_)) => 100,
+            _ => 0,
+        },
         ..FleetSpec::lab(engines, router)
     };
     let clock = warmpath::clock::Clock::real();
@@ -272,7 +280,7 @@ fn main() {
         let mut text = String::new();
         for o in &report.outcomes {
             text += &format!(
-                "{} {} {} {} {:.5} {:.5} {:.6} {:.5}\n",
+                "{} {} {} {} {:.5} {:.5} {:.6} {:.5} {}\n",
                 u8::from(o.follow_up),
                 o.backend,
                 o.prompt_tokens,
@@ -280,24 +288,32 @@ fn main() {
                 o.ttft.unwrap_or(-1.0),
                 o.queued,
                 o.sent,
-                o.e2e
+                o.e2e,
+                u8::from(o.streamed)
             );
         }
         std::fs::write(path, text).unwrap();
     }
+    let class = match std::env::var("SEEN").as_deref() {
+        Ok("streamed") => Some(true),
+        Ok("unstreamed") => Some(false),
+        Ok(other) => panic!("SEEN: streamed or unstreamed, not {other}"),
+        Err(_) => None,
+    };
+    let seen = |follow_up, p| report.seen(class, follow_up, p);
     if std::env::var("CSV").is_ok() {
         println!(
             "{trace_name},{profiles},{load},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{:.1}",
             args[3],
             sets.join(" "),
             std::env::var("JITTER").unwrap_or_else(|_| "0".into()),
-            report.ttft(Some(true), 50.0),
-            report.ttft(Some(true), 90.0),
-            report.ttft(Some(true), 99.0),
-            report.ttft(Some(false), 50.0),
-            report.ttft(Some(false), 90.0),
-            report.ttft(Some(false), 99.0),
-            report.ttft(None, 99.0),
+            seen(Some(true), 50.0),
+            seen(Some(true), 90.0),
+            seen(Some(true), 99.0),
+            seen(Some(false), 50.0),
+            seen(Some(false), 90.0),
+            seen(Some(false), 99.0),
+            seen(None, 99.0),
             report.hit_rate(),
             report.errors(),
             report.engines.iter().map(|e| e.3).sum::<u64>(),
@@ -310,13 +326,13 @@ fn main() {
         "{trace_name} {profiles} {load} {} {}: follow {}/{}/{} first {}/{}/{} all-p99 {} hit {:.3} err {} n {} elapsed {:.0}s (wall {:.1}s){}",
         args[3],
         sets.join(" "),
-        ms(report.ttft(Some(true), 50.0)),
-        ms(report.ttft(Some(true), 90.0)),
-        ms(report.ttft(Some(true), 99.0)),
-        ms(report.ttft(Some(false), 50.0)),
-        ms(report.ttft(Some(false), 90.0)),
-        ms(report.ttft(Some(false), 99.0)),
-        ms(report.ttft(None, 99.0)),
+        ms(seen(Some(true), 50.0)),
+        ms(seen(Some(true), 90.0)),
+        ms(seen(Some(true), 99.0)),
+        ms(seen(Some(false), 50.0)),
+        ms(seen(Some(false), 90.0)),
+        ms(seen(Some(false), 99.0)),
+        ms(seen(None, 99.0)),
         report.hit_rate(),
         report.errors(),
         report.outcomes.len(),

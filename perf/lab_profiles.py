@@ -23,7 +23,11 @@ default the ten below) names the engine models, a comma between the engines of o
 single profile is two engines of it). TARGETS (default `default
 cache_aware`) names the fleet example's routers to run; the first is compared with the second.
 LOADS (default `0.7 0.9`) names the loads, fractions of the fleet's measured capacity.
-Any other environment (a lab build's switches) passes through.
+The latencies are what each client waits for: the first token of a streamed response, the
+whole of any other. Any other environment passes through to the fleet example: a lab build's
+switches, UNSTREAMED=PCT (that share of sessions asks for whole responses, as the OpenAI SDKs
+do by default; NO_STREAM=1 is all of them) and SEEN=streamed|unstreamed (the figures of one
+kind of client only, for a mixed fleet).
 Each CSV line: TARGET,SEED|the fleet example's CSV line.
 """
 import os

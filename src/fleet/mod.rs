@@ -72,16 +72,19 @@ pub struct FleetSpec {
     /// Issue \[11\]: the tenant of each session of the workload, by index (missing: 0, none);
     /// its requests carry it to the scheduler, whose `tenant_weights` must know it.
     pub session_tenants: Vec<u16>,
-    /// Whether requests stream. A non-streaming request gives warmpath no first byte before its
-    /// end, so it counts in no prefill backlog and teaches no rate (SPEC S6.3); the outcomes
-    /// still report the engine's first token, what the client would see had it streamed.
-    pub streaming: bool,
+    /// The share of sessions, in percent, whose client asks for whole responses, as the OpenAI
+    /// SDKs do by default (0: every request streams; 100: none does). Which sessions is fixed
+    /// by a hash of their index, so every router of a comparison meets the same mix. A
+    /// non-streaming request gives warmpath no first byte before its end, so it counts in no
+    /// prefill backlog and teaches no rate (SPEC S6.3); its client sees nothing before the
+    /// whole response ([`Outcome::seen`]).
+    pub unstreamed_percent: u8,
 }
 
 impl FleetSpec {
     /// `engines` behind `router`, connected as the lab connects them: 1 ms client to router, 4 ms
-    /// router to engine, a control round every 800 ms, waiting gauges reported, streaming
-    /// requests, no tenants.
+    /// router to engine, a control round every 800 ms, waiting gauges reported, every request
+    /// streaming, no tenants.
     pub fn lab(engines: Vec<EngineParams>, router: Router) -> FleetSpec {
         FleetSpec {
             engines,
@@ -93,8 +96,15 @@ impl FleetSpec {
             report_waiting: true,
             trace_budget: false,
             session_tenants: Vec::new(),
-            streaming: true,
+            unstreamed_percent: 0,
         }
+    }
+
+    /// Whether the client of session `index` asks for streamed responses.
+    pub fn streams(&self, index: usize) -> bool {
+        // A fixed salt, so the choice does not follow the arrival jitter's sample path.
+        let draw = crate::splitmix::mix(index as u64 ^ 0x5EED_0F_5E55_1025) % 100;
+        draw >= u64::from(self.unstreamed_percent)
     }
 }
 
@@ -107,6 +117,8 @@ pub struct Outcome {
     pub ttft: Option<f64>,
     /// Send to last token at the client, seconds.
     pub e2e: f64,
+    /// Whether its client asked for a streamed response.
+    pub streamed: bool,
     /// Prompt tokens, and of them found cached by the engine.
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
@@ -118,6 +130,14 @@ pub struct Outcome {
     pub sent: f64,
     /// Send to admission (to the peer's routing decision), seconds: the router's queue wait.
     pub queued: f64,
+}
+
+impl Outcome {
+    /// What its client waited for, seconds: the first token of a streamed response, the whole
+    /// of any other (a non-streaming client has nothing before the end); `None` when it failed.
+    pub fn seen(&self) -> Option<f64> {
+        self.ttft.map(|ttft| if self.streamed { ttft } else { self.e2e })
+    }
 }
 
 /// The result of a run.
@@ -162,6 +182,18 @@ impl FleetReport {
             .filter(|o| tenant.is_none_or(|t| o.tenant == t))
             .filter(|o| follow_up.is_none_or(|f| o.follow_up == f))
             .filter_map(|o| o.ttft)
+            .collect();
+        percentile(&mut v, p)
+    }
+
+    /// Nearest-rank percentile `p` of [`Outcome::seen`], seconds, of the requests of streaming
+    /// clients (`streamed` `Some(true)`), of the others (`Some(false)`) or of all, and of
+    /// follow-ups, first turns or both (`follow_up` as in [`FleetReport::ttft`]).
+    pub fn seen(&self, streamed: Option<bool>, follow_up: Option<bool>, p: f64) -> f64 {
+        let mut v: Vec<f64> = (self.outcomes.iter())
+            .filter(|o| streamed.is_none_or(|s| o.streamed == s))
+            .filter(|o| follow_up.is_none_or(|f| o.follow_up == f))
+            .filter_map(Outcome::seen)
             .collect();
         percentile(&mut v, p)
     }
@@ -217,6 +249,8 @@ struct Req {
     session: u32,
     turn: u32,
     follow_up: bool,
+    /// Whether its client asked for a streamed response.
+    streamed: bool,
     sent: u64,
     first: Option<u64>,
     backend: u16,
@@ -320,6 +354,7 @@ impl<'a> Fleet<'a> {
                     session: s as u32,
                     turn: t as u32,
                     follow_up: turn.after.is_some(),
+                    streamed: spec.streams(s),
                     sent: 0,
                     first: None,
                     backend: 0,
@@ -413,6 +448,7 @@ impl<'a> Fleet<'a> {
                         .unwrap_or(self.now)
                         .saturating_sub(r.sent),
                 ),
+                streamed: r.streamed,
                 prompt_tokens: r.prompt_tokens,
                 cached_tokens: r.cached_tokens,
                 backend: r.backend,
@@ -486,7 +522,7 @@ impl<'a> Fleet<'a> {
             id: RequestId(u64::from(r)),
             session: Some(hash_session(session_id)),
             prompt_bytes: u32::try_from(self.body.len()).unwrap_or(u32::MAX),
-            streaming: self.spec.streaming,
+            streaming: self.reqs[r as usize].streamed,
             prompt,
             tenant: self.spec.session_tenants.get(s).copied().unwrap_or(0),
         };
@@ -697,7 +733,7 @@ mod tests {
         .workload();
         let engine = crate::sim::profile("h100-8b").expect("a named profile");
         let spec = FleetSpec {
-            streaming: false,
+            unstreamed_percent: 100,
             ..FleetSpec::lab(vec![engine; 2], Router::LeastInflight)
         };
         let report = run(&workload, &spec);
@@ -710,5 +746,48 @@ mod tests {
         let ends: Vec<f64> = report.outcomes.iter().map(|o| o.sent + o.e2e).collect();
         let last = ends.iter().copied().fold(0.0, f64::max);
         assert!(ends.iter().filter(|&&end| end < last - 1.0).count() > report.outcomes.len() / 2);
+    }
+
+    /// A mixed fleet: the share of sessions asked for stream, whole sessions at a time, the same
+    /// sessions for every router; each client sees the first token of a stream and the whole of
+    /// any other response.
+    #[test]
+    fn a_share_of_sessions_asks_for_whole_responses() {
+        let workload = MultiTurn {
+            rate: 4.0,
+            duration: Duration::from_secs(30),
+            turns: 2,
+            answer_tokens: 40,
+            think_mean: Duration::from_secs(1),
+            ..MultiTurn::default()
+        }
+        .workload();
+        let engine = crate::sim::profile("h100-8b").expect("a named profile");
+        let lab = FleetSpec::lab(vec![engine; 2], Router::LeastInflight);
+        let sessions = workload.sessions.len();
+        assert!(sessions > 80, "{sessions} sessions");
+        for (percent, low, high) in [(0, 100, 100), (30, 55, 85), (100, 0, 0)] {
+            let spec = FleetSpec { unstreamed_percent: percent, ..lab.clone() };
+            let streamed = (0..sessions).filter(|&s| spec.streams(s)).count();
+            let share = streamed * 100 / sessions;
+            assert!((low..=high).contains(&share), "{percent} %: {share} % streamed");
+        }
+        let spec = FleetSpec { unstreamed_percent: 30, ..lab };
+        let report = run(&workload, &spec);
+        let mut i = 0;
+        for (s, session) in workload.sessions.iter().enumerate() {
+            for _ in &session.turns {
+                let o = &report.outcomes[i];
+                assert_eq!(o.streamed, spec.streams(s), "request {i} of session {s}");
+                let ttft = o.ttft.expect("no failures");
+                let seen = o.seen().expect("answered");
+                assert!(o.e2e > ttft, "40 tokens take longer than one");
+                assert_eq!(seen, if o.streamed { ttft } else { o.e2e });
+                i += 1;
+            }
+        }
+        let (streamed, unstreamed) =
+            (report.seen(Some(true), None, 50.0), report.seen(Some(false), None, 50.0));
+        assert!(unstreamed > streamed, "whole responses {unstreamed} s, first tokens {streamed} s");
     }
 }

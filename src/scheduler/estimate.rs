@@ -36,6 +36,18 @@
 //! which this engine, as loaded, clears prefill. The rate ranks backends of different speeds
 //! in prefix-cost placement and is exported; the budget does not depend on it.
 //!
+//! Non-streaming requests give no first byte before their end, so a backend serving only those
+//! would learn nothing. Its engine's prefix-cache counters say how many uncached prompt tokens
+//! it began (queries less hits: vLLM counts a request's prompt when it schedules it), and an
+//! interval between two scrapes that both found requests waiting is one it spent working
+//! through a queue: those tokens over its length sample the rate at which it clears its queue
+//! ([`Prefill::engine_counters`], [`Prefill::busy_rate`], the median of the last
+//! [`RATE_WINDOWS`] samples). It is used only while first bytes have taught no rate
+//! ([`Prefill::rate_in_use`]); and a backend that has learned neither is taken to clear as fast
+//! as the fastest that has ([`Learned::drain_rate`]), as S16's cost takes an unknown rate to be.
+//! A busy interval may hold pauses in which the engine waited on its KV cache rather than on
+//! prefill; the median keeps one such interval from setting the rate.
+//!
 //! ## The admission budget ([`Prefill::budget`], per backend)
 //!
 //! A backend is eligible while its prefill backlog (estimated uncached tokens of admitted
@@ -183,14 +195,19 @@ pub struct Prefill {
     window_tokens: u64,
     window_ticks: u64,
     window_events: u32,
-    /// Closed windows, a ring: `(tokens, ticks)`.
-    windows: [(u64, u64); RATE_WINDOWS],
-    windows_next: usize,
-    windows_len: usize,
+    /// Closed windows.
+    windows: RateWindows,
     /// The median of `windows`: the rate is `rate.0 / rate.1` tokens per tick; `(0, 0)`
     /// until the first window closes.
     pub rate: (u64, u64),
     pub rate_at: Tick,
+    /// The last scrape that had the engine's prefix-cache counters: when, the uncached tokens
+    /// the engine had started by then (queries less hits), and whether requests were waiting.
+    last_scrape: Option<(Tick, u64, bool)>,
+    /// Busy intervals between scrapes ([`Prefill::engine_counters`]) and their median, `(0, 0)`
+    /// until the first.
+    busy: RateWindows,
+    pub busy_rate: (u64, u64),
     /// The budget in force under `auto`, estimated tokens, and when it last changed.
     pub budget: u64,
     pub budget_at: Tick,
@@ -202,11 +219,12 @@ impl Prefill {
         window_tokens: 0,
         window_ticks: 0,
         window_events: 0,
-        windows: [(0, 0); RATE_WINDOWS],
-        windows_next: 0,
-        windows_len: 0,
+        windows: RateWindows::NEW,
         rate: (0, 0),
         rate_at: 0,
+        last_scrape: None,
+        busy: RateWindows::NEW,
+        busy_rate: (0, 0),
         budget: BUDGET_UNLEARNED,
         budget_at: 0,
     };
@@ -255,21 +273,88 @@ impl Prefill {
         if sample.0 == 0 {
             return;
         }
-        self.windows[self.windows_next] = sample;
-        self.windows_next = (self.windows_next + 1) % RATE_WINDOWS;
-        self.windows_len = (self.windows_len + 1).min(RATE_WINDOWS);
-        // The median window by rate (ties by tokens, then ticks: a total order, so the median
-        // does not depend on where the windows sit in the ring).
-        let mut sorted = self.windows;
-        let live = &mut sorted[..self.windows_len];
-        live.sort_unstable_by(|&a, &b| rate_order(a, b));
-        self.rate = live[live.len() / 2];
+        self.rate = self.windows.push(sample);
         self.rate_at = now;
+    }
+
+    /// A scrape at `scraped_at` found the engine's prefix-cache counters at `computed` uncached
+    /// tokens started since it began (queries less hits; `None` when it does not export them)
+    /// and requests `waiting` in its queue. An interval between two scrapes that both found
+    /// requests waiting is one the engine spent working through a queue: the uncached tokens it
+    /// started in it, over its length, sample the rate at which it clears its queue. That is
+    /// the rate non-streaming traffic, which shows no first byte, can teach (the engine counts
+    /// a request's prompt when it schedules it: vLLM's `KVCacheManager`, and the simulator).
+    pub fn engine_counters(&mut self, scraped_at: Tick, computed: Option<u64>, waiting: bool) {
+        let Some(computed) = computed else {
+            self.last_scrape = None;
+            return;
+        };
+        if let Some((at, before, was_waiting)) = self.last_scrape {
+            if scraped_at <= at {
+                return; // the same scrape again
+            }
+            if was_waiting && waiting && computed > before {
+                self.busy_rate = self.busy.push((computed - before, scraped_at - at));
+            }
+        }
+        self.last_scrape = Some((scraped_at, computed, waiting));
+    }
+
+    /// The rate placement counts this backend's prefill at: the one its first bytes taught,
+    /// else the one its busy intervals did ([`Prefill::engine_counters`]); `(0, 0)` unknown.
+    pub fn rate_in_use(&self) -> (u64, u64) {
+        if self.rate.0 > 0 {
+            self.rate
+        } else {
+            self.busy_rate
+        }
     }
 
     /// Prefill rate in tokens per second at `ticks_per_second`, if measured.
     pub fn tokens_per_second(&self, ticks_per_second: f64) -> Option<f64> {
         (self.rate.0 > 0).then(|| self.rate.0 as f64 / self.rate.1 as f64 * ticks_per_second)
+    }
+}
+
+/// The tokens an engine of prefill `rate` (tokens per tick; `(0, 0)` unknown, which clears
+/// nothing) clears in `elapsed` ticks.
+pub fn cleared(elapsed: Tick, rate: (u64, u64)) -> u64 {
+    if rate.0 == 0 || rate.1 == 0 {
+        return 0;
+    }
+    // One 64-bit division where the product fits, which it does but after hours idle: this
+    // runs for every backend of every request the placement scan looks at.
+    match elapsed.checked_mul(rate.0) {
+        Some(product) => product / rate.1,
+        None => {
+            let cleared = u128::from(elapsed) * u128::from(rate.0) / u128::from(rate.1);
+            u64::try_from(cleared).unwrap_or(u64::MAX)
+        }
+    }
+}
+
+/// The last [`RATE_WINDOWS`] rate samples `(tokens, ticks)`, a ring, and their median.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RateWindows {
+    samples: [(u64, u64); RATE_WINDOWS],
+    next: usize,
+    len: usize,
+}
+
+impl RateWindows {
+    const NEW: RateWindows = RateWindows { samples: [(0, 0); RATE_WINDOWS], next: 0, len: 0 };
+
+    /// Adds `sample` (over the oldest when full); returns the median of the samples.
+    fn push(&mut self, sample: (u64, u64)) -> (u64, u64) {
+        self.samples[self.next] = sample;
+        self.next = (self.next + 1) % RATE_WINDOWS;
+        self.len = (self.len + 1).min(RATE_WINDOWS);
+        // The median by rate (ties by tokens, then ticks: a total order, so the median does not
+        // depend on where the samples sit in the ring).
+        let mut sorted = self.samples;
+        let live = &mut sorted[..self.len];
+        live.sort_unstable_by(|&a, &b| rate_order(a, b));
+        live[live.len() / 2]
     }
 }
 
@@ -504,9 +589,14 @@ pub(crate) struct Learned {
     /// Per backend.
     pub prefill: Vec<Prefill>,
     pub cache: Vec<CacheModel>,
-    /// Per arena slot, while admitted: the admission tick and the tokens the request added to
-    /// its backend's prefill backlog.
-    pub admitted_at: Vec<Tick>,
+    /// Per arena slot, while admitted: what its request's admission left to learn from. For a
+    /// streaming request, the admission tick (its first byte measures the prefill rate); for a
+    /// non-streaming one, its place in its backend's `unstreamed::UnstreamedBacklog` (its end
+    /// moves the cursor there). One vector for both keeps a queued request within its memory
+    /// budget (`tests::memory_per_queued_request_and_per_session`).
+    pub admission: Vec<u64>,
+    /// Per arena slot, while admitted: the tokens the request added to its backend's prefill
+    /// backlog (streaming) or non-streaming backlog.
     pub backlog: Vec<u32>,
 }
 
@@ -516,8 +606,36 @@ impl Learned {
             tokens: TokenRate::NEW,
             prefill: vec![Prefill::NEW; backends],
             cache: vec![CacheModel::NEW; backends],
-            admitted_at: vec![0; arena],
+            admission: vec![0; arena],
             backlog: vec![0; arena],
+        }
+    }
+
+    /// The fastest prefill rate in use among the backends ([`Prefill::rate_in_use`]), `(0, 0)`
+    /// when none is known.
+    pub fn fastest_rate(&self) -> (u64, u64) {
+        let mut fastest = (0, 0);
+        for prefill in &self.prefill {
+            let rate = prefill.rate_in_use();
+            if rate.0 > 0
+                && (fastest.0 == 0
+                    || u128::from(rate.0) * u128::from(fastest.1)
+                        > u128::from(fastest.0) * u128::from(rate.1))
+            {
+                fastest = rate;
+            }
+        }
+        fastest
+    }
+
+    /// The prefill rate `backend`'s backlog drains at by estimate: its own, else (not learned
+    /// yet) the fastest the other backends learned, as S16's cost takes an unknown rate to be.
+    pub fn drain_rate(&self, backend: u16) -> (u64, u64) {
+        let rate = self.prefill[usize::from(backend)].rate_in_use();
+        if rate.0 > 0 {
+            rate
+        } else {
+            self.fastest_rate()
         }
     }
 
@@ -525,15 +643,15 @@ impl Learned {
     pub fn grow(&mut self, backends: usize, arena: usize) {
         self.prefill.resize(backends.max(self.prefill.len()), Prefill::NEW);
         self.cache.resize(backends.max(self.cache.len()), CacheModel::NEW);
-        let arena = arena.max(self.admitted_at.len());
-        self.admitted_at.resize(arena, 0);
+        let arena = arena.max(self.admission.len());
+        self.admission.resize(arena, 0);
         self.backlog.resize(arena, 0);
     }
 
     pub fn heap_bytes(&self) -> usize {
         self.prefill.capacity() * std::mem::size_of::<Prefill>()
             + self.cache.capacity() * std::mem::size_of::<CacheModel>()
-            + self.admitted_at.capacity() * 8
+            + self.admission.capacity() * 8
             + self.backlog.capacity() * 4
     }
 }
@@ -578,9 +696,9 @@ mod tests {
         let now = back_to_back(&mut p, 1000, 2 * WINDOW_EVENTS + 1, 1000, 10);
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
         // An idle gap, then a request admitted after the last first byte: no sample from it.
-        let windows = p.windows_len;
+        let windows = p.windows.len;
         p.first_byte(now + 1_000_000 + 150, now + 1_000_000, 1000);
-        assert_eq!((p.windows_len, p.window_events), (windows, 0), "idle starts are not service");
+        assert_eq!((p.windows.len, p.window_events), (windows, 0), "idle starts are not service");
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
     }
 
@@ -700,5 +818,33 @@ mod tests {
         c.usage(1000, 0, 1);
         assert!(!c.calibrate(3), "the interrupted period's tokens are gone");
         assert_eq!(c.index_blocks(1000), 2000, "the scale is as it started");
+    }
+
+    #[test]
+    fn busy_intervals_between_scrapes_teach_a_rate_first_bytes_override() {
+        let mut p = Prefill::NEW;
+        p.engine_counters(1_000, Some(5_000), true);
+        assert_eq!(p.rate_in_use(), (0, 0), "one scrape is no interval");
+        // Idle at one end: the engine may have waited for work; no sample.
+        p.engine_counters(2_000, Some(6_000), false);
+        p.engine_counters(3_000, Some(7_000), true);
+        assert_eq!(p.rate_in_use(), (0, 0));
+        p.engine_counters(4_000, Some(9_000), true);
+        assert_eq!(p.rate_in_use(), (2_000, 1_000), "busy at both ends: 2 tokens a tick");
+        p.engine_counters(4_000, Some(9_500), true);
+        assert_eq!(p.busy_rate, (2_000, 1_000), "the same scrape again teaches nothing");
+        // The median of the busy intervals.
+        p.engine_counters(5_000, Some(13_000), true);
+        p.engine_counters(6_000, Some(14_000), true);
+        assert_eq!(p.rate_in_use(), (2_000, 1_000));
+        // A counter that went down (a new engine) starts over; an engine without counters too.
+        p.engine_counters(7_000, Some(10), true);
+        p.engine_counters(8_000, None, true);
+        p.engine_counters(9_000, Some(100), true);
+        assert_eq!(p.busy_rate, (2_000, 1_000), "no interval across either");
+        // A rate from first bytes is preferred.
+        back_to_back(&mut p, 10_000, WINDOW_EVENTS + 1, 100, 1);
+        assert_eq!(p.rate_in_use(), p.rate);
+        assert_eq!(p.rate.0 / p.rate.1, 1);
     }
 }

@@ -159,7 +159,7 @@ impl Scheduler {
         let b = usize::from(backend);
         let (prefill, cache) = (&self.learned.prefill[b], &self.learned.cache[b]);
         BackendEstimates {
-            rate: prefill.rate,
+            rate: prefill.rate_in_use(),
             rate_at: prefill.rate_at,
             budget_at: prefill.budget_at,
             budget: self.backends[b].budget,
@@ -239,6 +239,8 @@ impl Scheduler {
             assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
             assert_eq!(backend.prefill_pending, pending[index], "prefill requests of {index}");
             assert_eq!(backend.unstreamed, unstreamed[index], "non-streaming of {index}");
+            let empty = backend.unstreamed_backlog.is_empty();
+            assert!(backend.unstreamed > 0 || empty, "non-streaming backlog of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");
             // A reconfiguration may lower the cap under a backend's inflight; no slot is held
             // then, and none is admitted until it is under the cap again.

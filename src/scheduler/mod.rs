@@ -64,6 +64,7 @@ pub mod policy;
 pub mod prefix;
 mod queue;
 pub mod tracker;
+mod unstreamed;
 
 #[cfg(test)]
 mod fair_tests;
@@ -482,7 +483,7 @@ impl Scheduler {
             return;
         };
         if self.queue.get(index).place == Place::Admitted {
-            self.release_slot(now, index);
+            self.release_slot(now, index, false);
         } else {
             self.unqueue(index);
             self.stats.cancelled += 1;
@@ -514,7 +515,7 @@ impl Scheduler {
         backend.prefill_pending -= 1;
         backend.prefill_since = now;
         self.queue.get_mut(index).prefill_pending = false;
-        let admitted_at = self.learned.admitted_at[index as usize];
+        let admitted_at = self.learned.admission[index as usize];
         self.learned.prefill[b].first_byte(now, admitted_at, tokens);
     }
 
@@ -525,7 +526,7 @@ impl Scheduler {
         };
         let entry = *self.queue.get(index);
         self.learn_usage(now, &entry, usage);
-        self.release_slot(now, index);
+        self.release_slot(now, index, true);
         if success && matches!(entry.identity, Identity::Derived | Identity::Fresh) {
             self.record_end(index, entry.session);
         }
@@ -608,7 +609,7 @@ impl Scheduler {
     fn retry(&mut self, now: Tick, id: RequestId, out: &mut Vec<Output>) {
         let Some(index) = self.admitted(id) else { return };
         let entry = *self.queue.get(index);
-        self.release_slot(now, index);
+        self.release_slot(now, index, false);
         self.note_failure(now, entry.backend);
         let reason = if self.shutting_down {
             Some(RejectReason::ShuttingDown)
@@ -675,6 +676,15 @@ impl Scheduler {
         if reported.capacity_changed || model.calibrate(now) {
             self.resize_index(backend);
         }
+        let computed = (cache.prefix_queries != EngineCache::NO_COUNTER
+            && cache.prefix_hits != EngineCache::NO_COUNTER)
+            .then(|| cache.prefix_queries.saturating_sub(cache.prefix_hits));
+        let busy = snapshot.waiting.is_some_and(|waiting| waiting > 0);
+        self.learned.prefill[usize::from(backend)].engine_counters(
+            snapshot.scraped_at,
+            computed,
+            busy,
+        );
         let stale_after = self.params.metrics_stale_after;
         let auto = self.params.prefill_tokens_per_backend == Budget::Auto;
         let queued = self.queue.queued() > 0;
@@ -687,6 +697,12 @@ impl Scheduler {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
+        if let Some(waiting) = snapshot.waiting {
+            let own = waiting.min(state.prefill_pending);
+            let unseen = (waiting - own).min(state.unstreamed);
+            let rate = self.learned.drain_rate(backend);
+            state.unstreamed_backlog.engine_waiting(unseen, rate, now);
+        }
         if let (true, Some(waiting)) = (auto, snapshot.waiting) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
             // to be its own (a request it sent and the engine has not started has no first
@@ -834,10 +850,15 @@ impl Scheduler {
         let derived = entry.identity == Identity::Derived;
         let slot = index as usize;
         let state = &mut self.backends[usize::from(backend)];
-        self.learned.admitted_at[slot] = now;
         self.learned.backlog[slot] = tokens;
         state.inflight += 1;
-        state.unstreamed += u32::from(!streaming);
+        self.learned.admission[slot] = if streaming {
+            now
+        } else {
+            state.unstreamed += 1;
+            let rate = self.learned.drain_rate(backend);
+            state.unstreamed_backlog.sent(u64::from(tokens), rate, now)
+        };
         if pending {
             if state.prefill_pending == 0 {
                 state.prefill_since = now;
@@ -895,7 +916,8 @@ impl Scheduler {
     }
 
     /// Releases the slot of admitted entry `index` (S12, S14); the entry stays allocated.
-    fn release_slot(&mut self, now: Tick, index: u32) {
+    /// `ended`: its response ended, so its prefill is over (not a cancel or a retry).
+    fn release_slot(&mut self, now: Tick, index: u32, ended: bool) {
         let tokens = u64::from(self.learned.backlog[index as usize]);
         let entry = self.queue.get_mut(index);
         let (backend, pending, streaming) = (entry.backend, entry.prefill_pending, entry.streaming);
@@ -903,7 +925,16 @@ impl Scheduler {
         entry.prefill_pending = false;
         let state = &mut self.backends[usize::from(backend)];
         state.inflight -= 1;
-        state.unstreamed -= u32::from(!streaming);
+        if !streaming {
+            let rate = self.learned.drain_rate(backend);
+            state.unstreamed -= 1;
+            let (last, backlog) = (state.unstreamed == 0, &mut state.unstreamed_backlog);
+            if ended {
+                backlog.ended(self.learned.admission[index as usize], last, rate, now);
+            } else {
+                backlog.dropped(last, rate, now);
+            }
+        }
         if pending {
             state.prefill_tokens -= tokens;
             state.prefill_pending -= 1;

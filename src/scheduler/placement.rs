@@ -9,6 +9,10 @@
 //!   per token of a hot shared prefix it would copy there, [`HOT_PREFIX_TOUCHES`]);
 //! - those uncached tokens again, [`JOIN_WEIGHT`] times per request the backend is already
 //!   prefilling (the prefills this one would join and delay);
+//! - for a streaming request, what is left of the prefill of the backend's non-streaming
+//!   requests by estimate, which no first byte takes out of a backlog ([`super::unstreamed`]):
+//!   the first token its client waits for comes after it (a non-streaming request's client
+//!   waits for the whole response, which the decoding count below weighs);
 //! - its [`decode_weight`] in tokens per sequence the backend is decoding (more as its KV
 //!   cache runs fuller).
 //!
@@ -54,7 +58,7 @@ use crate::clock::Tick;
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::wheel::TimerKey;
 
-use super::estimate::TokenRate;
+use super::estimate::{cleared, TokenRate};
 use super::prefix::PrefixIndex;
 use super::queue::NO_BACKEND;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
@@ -452,7 +456,9 @@ impl Scheduler {
                 // No prompt to place by (too short to hash, or no text): session affinity.
                 return Some((index, lane, home));
             }
-            let Some((cheapest, best)) = self.cheapest(now, avoid) else { continue };
+            let Some((cheapest, best)) = self.cheapest(now, avoid, entry.streaming) else {
+                continue;
+            };
             if best.0 == cheapest.0 || matches!(lane, Lane::Retry | Lane::Forced) {
                 return Some((index, lane, best.0));
             }
@@ -467,7 +473,7 @@ impl Scheduler {
             let weighted = self
                 .cache_cost(usize::from(best.0))
                 .saturating_sub(self.cache_cost(usize::from(cheapest.0)));
-            let rate = self.learned.prefill[usize::from(best.0)].rate;
+            let rate = self.learned.prefill[usize::from(best.0)].rate_in_use();
             let wait = match rate {
                 (0, _) => wait_max,
                 (tokens, ticks) => {
@@ -492,22 +498,30 @@ impl Scheduler {
     }
 
     /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for the
-    /// request of the last [`match_prompt`](Self::match_prompt); `avoid` only when nothing
-    /// else qualifies.
-    fn cheapest(&self, now: Tick, avoid: u16) -> Option<((u16, u64), (u16, u64))> {
-        let fastest = self.fastest_rate();
+    /// request of the last [`match_prompt`](Self::match_prompt), whose client asked for a
+    /// stream if `streaming`; `avoid` only when nothing else qualifies.
+    fn cheapest(&self, now: Tick, avoid: u16, streaming: bool) -> Option<((u16, u64), (u16, u64))> {
+        let fastest = self.learned.fastest_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
         let rank = |b: usize| {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
             let decoding = u64::from(backend.inflight) - pending;
-            let backlog = remaining_backlog(backend, self.learned.prefill[b].rate, now);
+            let rate = self.learned.prefill[b].rate_in_use();
+            let rate = if rate.0 == 0 { fastest } else { rate };
+            let mut backlog = remaining_backlog(backend, rate, now);
+            if streaming {
+                // Its client waits for the first token, behind the prefill left of the
+                // non-streaming requests sent there too; a client of a whole response waits
+                // for its end, which the decoding count weighs.
+                backlog += backend.unstreamed_backlog.remaining(rate, now);
+            }
             let work = backlog
                 + self.cache_cost(b).saturating_sub(everywhere)
                 + JOIN_WEIGHT * pending * self.uncached(b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
-            (at_rate(work, self.learned.prefill[b].rate, fastest), backend.inflight)
+            (at_rate(work, rate, fastest), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {
             let mut best: Option<(usize, (u64, u32))> = None;
@@ -525,21 +539,6 @@ impl Scheduler {
         let cheapest = pick(&|b| usable(b) && not_avoided(b)).or_else(|| pick(&usable))?;
         let best = pick(&|b| eligible(b) && not_avoided(b)).or_else(|| pick(&eligible))?;
         Some((cheapest, best))
-    }
-
-    /// The fastest learned prefill rate among the backends, `(0, 0)` when none is known.
-    fn fastest_rate(&self) -> (u64, u64) {
-        let mut fastest = (0, 0);
-        for prefill in &self.learned.prefill {
-            if prefill.rate.0 > 0
-                && (fastest.0 == 0
-                    || u128::from(prefill.rate.0) * u128::from(fastest.1)
-                        > u128::from(fastest.0) * u128::from(prefill.rate.1))
-            {
-                fastest = prefill.rate;
-            }
-        }
-        fastest
     }
 
     /// The scan's candidates, at most `placement_scan_max`: the retry lane, then the tenants
@@ -612,20 +611,8 @@ impl Scheduler {
 /// began on it earlier; of two backends with equal backlogs, the one that began longer ago
 /// finishes first.
 fn remaining_backlog(backend: &super::policy::Backend, rate: (u64, u64), now: Tick) -> u64 {
-    if backend.prefill_tokens == 0 || rate.0 == 0 || rate.1 == 0 {
-        return backend.prefill_tokens;
-    }
     let elapsed = now.saturating_sub(backend.prefill_since);
-    // One 64-bit division where the product fits, which it does but after hours idle: this
-    // runs for every backend of every request the placement scan looks at.
-    let cleared = match elapsed.checked_mul(rate.0) {
-        Some(product) => product / rate.1,
-        None => {
-            let cleared = u128::from(elapsed) * u128::from(rate.0) / u128::from(rate.1);
-            u64::try_from(cleared).unwrap_or(u64::MAX)
-        }
-    };
-    backend.prefill_tokens.saturating_sub(cleared)
+    backend.prefill_tokens.saturating_sub(cleared(elapsed, rate))
 }
 
 /// The estimated tokens of `blocks` prompt blocks of `block_bytes` each, at `rate`.

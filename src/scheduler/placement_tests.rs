@@ -873,3 +873,28 @@ fn a_prompt_goes_where_the_engine_began_on_its_backlog_earlier() {
     h.now = 600;
     assert_eq!(h.arrive(4, None, &chain(400, 10), tokens, true), vec![(4, 1)]);
 }
+
+/// A non-streaming prompt shows no first byte, but its tokens count as prefill left on its
+/// backend until an end says otherwise (no rate is known here to drain them), for the
+/// streaming requests placed after it: their clients wait for the first token, behind it. A
+/// non-streaming request's client waits for the whole response, and its cost counts the
+/// sequences decoding there instead. Backend 0 takes a twenty-block non-streaming prompt
+/// (1,280 tokens), backend 1 a one-block one; a third, one-block and non-streaming, sees one
+/// decoding sequence on each (125 tokens of cost) and its tie goes to backend 0; a fourth to
+/// backend 1. A streaming one-block prompt then costs 1,344 + 250 + 64 on backend 0 and
+/// 64 + 250 + 64 on backend 1 (a tie without the prefill left, which would go to backend 0).
+/// A scrape that finds nothing waiting does not clear the prompts backend 0 began; the long
+/// one's end does.
+#[test]
+fn a_non_streaming_prompt_counts_as_prefill_left_for_streams_until_it_ends() {
+    let mut h = H::new(params(2, 8));
+    assert_eq!(h.arrive(1, None, &chain(100, 20), 20 * BLOCK_TOKENS, false), vec![(1, 0)]);
+    assert_eq!(h.arrive(2, None, &chain(200, 1), BLOCK_TOKENS, false), vec![(2, 1)]);
+    assert_eq!(h.arrive(3, None, &chain(300, 1), BLOCK_TOKENS, false), vec![(3, 0)]);
+    assert_eq!(h.arrive(4, None, &chain(400, 1), BLOCK_TOKENS, false), vec![(4, 1)]);
+    assert_eq!(h.arrive(5, None, &chain(500, 1), BLOCK_TOKENS, true), vec![(5, 1)]);
+    h.send(report(0, EngineCache::UNKNOWN));
+    assert_eq!(h.arrive(6, None, &chain(600, 1), BLOCK_TOKENS, true), vec![(6, 1)]);
+    h.complete(1);
+    assert_eq!(h.arrive(7, None, &chain(700, 1), BLOCK_TOKENS, true), vec![(7, 0)]);
+}

@@ -19,6 +19,8 @@
 use crate::clock::Tick;
 use crate::wheel::TimerKey;
 
+use super::unstreamed::UnstreamedBacklog;
+
 /// How a model picks the backend of an admitted request (SPEC S7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routing {
@@ -109,6 +111,8 @@ pub(crate) struct Backend {
     /// any of them may be one the engine has waiting (their part of its waiting gauge does not
     /// gate the backend under an `auto` budget).
     pub unstreamed: u32,
+    /// The prefill their engine has left to do for them, by estimate (S16's cost).
+    pub unstreamed_backlog: UnstreamedBacklog,
     /// When the engine is taken to have begun on the backlog as it stands: the last time a
     /// request left it (its first byte, or its end without one), or the admission that made it
     /// non-empty. S16's cost counts the backlog less what the backend's learned prefill rate
@@ -139,6 +143,7 @@ impl Backend {
         prefill_tokens: 0,
         prefill_pending: 0,
         unstreamed: 0,
+        unstreamed_backlog: UnstreamedBacklog::NEW,
         prefill_since: 0,
         budget: 0,
         budget_filled: false,

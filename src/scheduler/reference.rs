@@ -36,9 +36,10 @@ use crate::clock::Tick;
 use super::tracker::reference::SessionTracker;
 use super::{Arrival, Input, Lane, Output, Params, RejectReason, RequestId, Routing, Stats, Usage};
 use crate::ring::prompt_pool::NO_PROMPT;
+use learned::Learned;
+use placement::Unstreamed;
 
 mod learned;
-use learned::Learned;
 mod placement;
 
 const NONE: u16 = u16::MAX;
@@ -87,6 +88,9 @@ struct Admitted {
     /// Tokens counted in the backend's prefill backlog while pending.
     backlog: u32,
     admitted_at: Tick,
+    /// A non-streaming request's place in its backend's [`Unstreamed`] order: where its tokens
+    /// end.
+    place: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -103,6 +107,7 @@ struct Backend {
     /// The last time a pending prefill left this backend: its first byte, or its request's
     /// end without one.
     prefill_left_at: Tick,
+    unstreamed: Unstreamed,
 }
 
 impl Backend {
@@ -117,6 +122,7 @@ impl Backend {
         scraped_at: 0,
         stale_deadline: None,
         prefill_left_at: 0,
+        unstreamed: Unstreamed::NEW,
     };
 }
 
@@ -293,7 +299,7 @@ impl Reference {
     /// restated: the harness compares these fields only).
     pub fn backend_estimates(&self, backend: u16) -> ((u64, u64, u64, u64, u64, u64), u64) {
         let b = usize::from(backend);
-        let rate = self.rate(backend);
+        let rate = self.rate_in_use(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
@@ -490,6 +496,7 @@ impl Reference {
         } else if let Some(index) = self.admitted.iter().position(|a| a.request.id == id.0) {
             let gone = self.admitted.remove(index);
             self.prefill_left(now, &gone);
+            self.unstreamed_gone(now, &gone, false);
         } else {
             self.stats.stale_events += 1;
         }
@@ -507,6 +514,7 @@ impl Reference {
         let Some(index) = self.find_admitted(id) else { return };
         let done = self.admitted.remove(index);
         self.prefill_left(now, &done);
+        self.unstreamed_gone(now, &done, true);
         let backend = done.backend;
         self.learn_usage(&done, usage);
         if !success {
@@ -533,6 +541,7 @@ impl Reference {
         let Some(index) = self.find_admitted(id) else { return };
         let failed = self.admitted.remove(index);
         self.prefill_left(now, &failed);
+        self.unstreamed_gone(now, &failed, false);
         let state = &mut self.backends[usize::from(failed.backend)];
         state.failures += 1;
         let limit = self.p.eject_after_failures;
@@ -798,12 +807,19 @@ impl Reference {
         let l = &mut self.learned[usize::from(backend)];
         l.period.0 += tokens;
         l.period.1 += cached;
+        let place = if prefill_pending {
+            0
+        } else {
+            let rate = self.drain_rate(backend);
+            self.backends[usize::from(backend)].unstreamed.sent(u64::from(backlog), rate, now)
+        };
         self.admitted.push(Admitted {
             request,
             backend,
             prefill_pending,
             backlog,
             admitted_at: now,
+            place,
         });
         if prefill_pending {
             let (budget, prefill) = (self.budget(backend), self.prefill(backend));

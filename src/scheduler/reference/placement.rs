@@ -10,8 +10,9 @@ use super::super::placement::{
     CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
 };
 use super::super::tracker::reference::SessionTracker;
+use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
 use super::super::{IndexSize, Lane, Routing};
-use super::{Queued, Reference, NONE};
+use super::{Admitted, Queued, Reference, NONE};
 
 impl Reference {
     /// Closes `backend`'s calibration period if it holds enough tokens; whether the index
@@ -121,7 +122,7 @@ impl Reference {
         let pending = self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending);
         let Some(earliest) = pending.map(|a| a.admitted_at).min() else { return backlog };
         let began = earliest.max(self.backends[usize::from(backend)].prefill_left_at);
-        match self.rate(backend) {
+        match self.drain_rate(backend) {
             (0, _) | (_, 0) => backlog,
             (tokens, ticks) => {
                 let cleared = u128::from(now - began) * u128::from(tokens) / u128::from(ticks);
@@ -148,24 +149,22 @@ impl Reference {
         // Each prefill pending there is delayed by this request's uncached tokens.
         let joined = JOIN_WEIGHT * on(true) * self.uncached(request, backend);
         let cached = self.cache_cost(request, backend).saturating_sub((CACHE_WEIGHT - 1) * least);
-        let work = self.remaining(backend, now) + cached + joined + weight * on(false);
+        // A streaming request's client waits for its first token, behind the prefill left of
+        // the non-streaming requests sent there; any other client waits for the whole response,
+        // which the decoding count weighs.
+        let unstreamed = if request.streaming {
+            self.backends[usize::from(backend)].unstreamed.left(self.drain_rate(backend), now)
+        } else {
+            0
+        };
+        let work = self.remaining(backend, now) + unstreamed + cached + joined + weight * on(false);
         self.at_fastest(work, backend)
     }
 
     /// `work` tokens on `backend` in tokens of the fastest backend's time.
     pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
-        let mut fastest = (0, 0);
-        for b in 0..self.p.backends {
-            let r = self.rate(b);
-            if r.0 > 0
-                && (fastest.0 == 0
-                    || u128::from(r.0) * u128::from(fastest.1)
-                        > u128::from(fastest.0) * u128::from(r.1))
-            {
-                fastest = r;
-            }
-        }
-        let rate = self.rate(backend);
+        let fastest = self.fastest();
+        let rate = self.rate_in_use(backend);
         if rate.0 == 0 || fastest.0 == 0 {
             return work;
         }
@@ -215,7 +214,7 @@ impl Reference {
             }
             let weighted =
                 self.cache_cost(request, taken).saturating_sub(self.cache_cost(request, cheapest));
-            let wait = match self.rate(taken) {
+            let wait = match self.rate_in_use(taken) {
                 (0, _) => self.p.prefix.wait_max,
                 (tokens, ticks) => {
                     let t = u128::from(weighted) * u128::from(ticks) / u128::from(tokens);
@@ -238,5 +237,104 @@ impl Reference {
             }
         }
         None
+    }
+}
+
+/// S16's estimate of a backend's non-streaming backlog ([`super::super::unstreamed`]), restated
+/// with the whole history of where each request began.
+#[derive(Debug, Clone)]
+pub(super) struct Unstreamed {
+    starts: Vec<u64>,
+    sent: u64,
+    /// What the engine had cleared at `at`.
+    done: u64,
+    at: Tick,
+}
+
+impl Unstreamed {
+    pub(super) const NEW: Unstreamed = Unstreamed { starts: Vec::new(), sent: 0, done: 0, at: 0 };
+
+    /// What is left at `now` for an engine clearing `rate` tokens per tick.
+    pub(super) fn left(&self, rate: (u64, u64), now: Tick) -> u64 {
+        let cleared = match rate {
+            (0, _) | (_, 0) => 0,
+            (tokens, ticks) => u128::from(now - self.at) * u128::from(tokens) / u128::from(ticks),
+        };
+        let cleared = u64::try_from(cleared).unwrap_or(u64::MAX);
+        (self.sent - self.done).saturating_sub(cleared)
+    }
+
+    /// The cleared tokens at `now`, from which the next change counts.
+    fn now(&mut self, rate: (u64, u64), now: Tick) -> u64 {
+        let done = self.sent - self.left(rate, now);
+        self.at = now;
+        done
+    }
+
+    /// A request of `tokens` sent at `now`; where its tokens end.
+    pub(super) fn sent(&mut self, tokens: u64, rate: (u64, u64), now: Tick) -> u64 {
+        self.done = self.now(rate, now);
+        self.starts.push(self.sent);
+        self.sent += tokens;
+        self.sent
+    }
+
+    /// A scrape found `waiting` of these requests not begun: the latest ones.
+    pub(super) fn bound(&mut self, waiting: u32, rate: (u64, u64), now: Tick) {
+        let done = self.now(rate, now);
+        let n = self.starts.len();
+        let waiting = (waiting as usize).min(n);
+        // Only the last RECENT_SENDS starts are known to the scheduler.
+        let known = |i: usize| (i + RECENT_SENDS >= n).then(|| self.starts[i]);
+        let upper = if waiting == 0 {
+            self.sent
+        } else {
+            known(n - waiting).unwrap_or_else(|| self.starts[n - RECENT_SENDS])
+        };
+        let begun = BEGUN_PREFILLING as usize;
+        let lower = (n - waiting).checked_sub(begun).and_then(|i| {
+            // Known and at least BEGUN_PREFILLING short of the oldest known.
+            (waiting + begun <= RECENT_SENDS).then(|| known(i)).flatten()
+        });
+        self.done = done.max(lower.unwrap_or(0)).min(upper);
+    }
+}
+
+impl Reference {
+    /// A scrape found `waiting` requests waiting on `backend`, where warmpath has `own`
+    /// pending and `unstreamed` non-streaming requests: of what waits after the pending ones,
+    /// its non-streaming ones bound its non-streaming backlog.
+    pub(super) fn unstreamed_waiting(
+        &mut self,
+        now: Tick,
+        backend: u16,
+        waiting: Option<u32>,
+        own: u32,
+        unstreamed: u32,
+    ) {
+        let Some(waiting) = waiting else { return };
+        let theirs = (waiting - waiting.min(own)).min(unstreamed);
+        let rate = self.drain_rate(backend);
+        self.backends[usize::from(backend)].unstreamed.bound(theirs, rate, now);
+    }
+
+    /// An admitted request left: a non-streaming one moves its backend's cursor to its place
+    /// when it ended with a response (`ended`), and clears the rest when it was the last.
+    pub(super) fn unstreamed_gone(&mut self, now: Tick, gone: &Admitted, ended: bool) {
+        if gone.request.streaming {
+            return;
+        }
+        let backend = gone.backend;
+        let rate = self.drain_rate(backend);
+        let last = !self.admitted.iter().any(|a| a.backend == backend && !a.request.streaming);
+        let u = &mut self.backends[usize::from(backend)].unstreamed;
+        let done = u.now(rate, now);
+        u.done = if last {
+            u.sent
+        } else if ended {
+            done.max(gone.place)
+        } else {
+            done
+        };
     }
 }

@@ -37,16 +37,11 @@
 //! in prefix-cost placement and is exported; the budget does not depend on it.
 //!
 //! Non-streaming requests give no first byte before their end, so a backend serving only those
-//! would learn nothing. Its engine's prefix-cache counters say how many uncached prompt tokens
-//! it began (queries less hits: vLLM counts a request's prompt when it schedules it), and an
-//! interval between two scrapes that both found requests waiting is one it spent working
-//! through a queue: those tokens over its length sample the rate at which it clears its queue
-//! ([`Prefill::engine_counters`], [`Prefill::busy_rate`], the median of the last
-//! [`RATE_WINDOWS`] samples). It is used only while first bytes have taught no rate
-//! ([`Prefill::rate_in_use`]); and a backend that has learned neither is taken to clear as fast
-//! as the fastest that has ([`Learned::drain_rate`]), as S16's cost takes an unknown rate to be.
-//! A busy interval may hold pauses in which the engine waited on its KV cache rather than on
-//! prefill; the median keeps one such interval from setting the rate.
+//! learns no rate; one that has learned none is taken to clear as fast as the fastest that has
+//! ([`Learned::drain_rate`]), as S16's cost takes an unknown rate to be. (A rate from the
+//! engine's prefix-cache counters over scrape intervals busy at both ends was tried: placing
+//! non-streaming requests at it made their whole responses later in the fleet lab,
+//! `perf/RESULTS.md`, fourteenth session.)
 //!
 //! ## The admission budget ([`Prefill::budget`], per backend)
 //!
@@ -201,13 +196,6 @@ pub struct Prefill {
     /// until the first window closes.
     pub rate: (u64, u64),
     pub rate_at: Tick,
-    /// The last scrape that had the engine's prefix-cache counters: when, the uncached tokens
-    /// the engine had started by then (queries less hits), and whether requests were waiting.
-    last_scrape: Option<(Tick, u64, bool)>,
-    /// Busy intervals between scrapes ([`Prefill::engine_counters`]) and their median, `(0, 0)`
-    /// until the first.
-    busy: RateWindows,
-    pub busy_rate: (u64, u64),
     /// The budget in force under `auto`, estimated tokens, and when it last changed.
     pub budget: u64,
     pub budget_at: Tick,
@@ -222,9 +210,6 @@ impl Prefill {
         windows: RateWindows::NEW,
         rate: (0, 0),
         rate_at: 0,
-        last_scrape: None,
-        busy: RateWindows::NEW,
-        busy_rate: (0, 0),
         budget: BUDGET_UNLEARNED,
         budget_at: 0,
     };
@@ -275,39 +260,6 @@ impl Prefill {
         }
         self.rate = self.windows.push(sample);
         self.rate_at = now;
-    }
-
-    /// A scrape at `scraped_at` found the engine's prefix-cache counters at `computed` uncached
-    /// tokens started since it began (queries less hits; `None` when it does not export them)
-    /// and requests `waiting` in its queue. An interval between two scrapes that both found
-    /// requests waiting is one the engine spent working through a queue: the uncached tokens it
-    /// started in it, over its length, sample the rate at which it clears its queue. That is
-    /// the rate non-streaming traffic, which shows no first byte, can teach (the engine counts
-    /// a request's prompt when it schedules it: vLLM's `KVCacheManager`, and the simulator).
-    pub fn engine_counters(&mut self, scraped_at: Tick, computed: Option<u64>, waiting: bool) {
-        let Some(computed) = computed else {
-            self.last_scrape = None;
-            return;
-        };
-        if let Some((at, before, was_waiting)) = self.last_scrape {
-            if scraped_at <= at {
-                return; // the same scrape again
-            }
-            if was_waiting && waiting && computed > before {
-                self.busy_rate = self.busy.push((computed - before, scraped_at - at));
-            }
-        }
-        self.last_scrape = Some((scraped_at, computed, waiting));
-    }
-
-    /// The rate placement counts this backend's prefill at: the one its first bytes taught,
-    /// else the one its busy intervals did ([`Prefill::engine_counters`]); `(0, 0)` unknown.
-    pub fn rate_in_use(&self) -> (u64, u64) {
-        if self.rate.0 > 0 {
-            self.rate
-        } else {
-            self.busy_rate
-        }
     }
 
     /// Prefill rate in tokens per second at `ticks_per_second`, if measured.
@@ -611,12 +563,11 @@ impl Learned {
         }
     }
 
-    /// The fastest prefill rate in use among the backends ([`Prefill::rate_in_use`]), `(0, 0)`
-    /// when none is known.
+    /// The fastest learned prefill rate among the backends, `(0, 0)` when none is known.
     pub fn fastest_rate(&self) -> (u64, u64) {
         let mut fastest = (0, 0);
         for prefill in &self.prefill {
-            let rate = prefill.rate_in_use();
+            let rate = prefill.rate;
             if rate.0 > 0
                 && (fastest.0 == 0
                     || u128::from(rate.0) * u128::from(fastest.1)
@@ -631,7 +582,7 @@ impl Learned {
     /// The prefill rate `backend`'s backlog drains at by estimate: its own, else (not learned
     /// yet) the fastest the other backends learned, as S16's cost takes an unknown rate to be.
     pub fn drain_rate(&self, backend: u16) -> (u64, u64) {
-        let rate = self.prefill[usize::from(backend)].rate_in_use();
+        let rate = self.prefill[usize::from(backend)].rate;
         if rate.0 > 0 {
             rate
         } else {
@@ -818,33 +769,5 @@ mod tests {
         c.usage(1000, 0, 1);
         assert!(!c.calibrate(3), "the interrupted period's tokens are gone");
         assert_eq!(c.index_blocks(1000), 2000, "the scale is as it started");
-    }
-
-    #[test]
-    fn busy_intervals_between_scrapes_teach_a_rate_first_bytes_override() {
-        let mut p = Prefill::NEW;
-        p.engine_counters(1_000, Some(5_000), true);
-        assert_eq!(p.rate_in_use(), (0, 0), "one scrape is no interval");
-        // Idle at one end: the engine may have waited for work; no sample.
-        p.engine_counters(2_000, Some(6_000), false);
-        p.engine_counters(3_000, Some(7_000), true);
-        assert_eq!(p.rate_in_use(), (0, 0));
-        p.engine_counters(4_000, Some(9_000), true);
-        assert_eq!(p.rate_in_use(), (2_000, 1_000), "busy at both ends: 2 tokens a tick");
-        p.engine_counters(4_000, Some(9_500), true);
-        assert_eq!(p.busy_rate, (2_000, 1_000), "the same scrape again teaches nothing");
-        // The median of the busy intervals.
-        p.engine_counters(5_000, Some(13_000), true);
-        p.engine_counters(6_000, Some(14_000), true);
-        assert_eq!(p.rate_in_use(), (2_000, 1_000));
-        // A counter that went down (a new engine) starts over; an engine without counters too.
-        p.engine_counters(7_000, Some(10), true);
-        p.engine_counters(8_000, None, true);
-        p.engine_counters(9_000, Some(100), true);
-        assert_eq!(p.busy_rate, (2_000, 1_000), "no interval across either");
-        // A rate from first bytes is preferred.
-        back_to_back(&mut p, 10_000, WINDOW_EVENTS + 1, 100, 1);
-        assert_eq!(p.rate_in_use(), p.rate);
-        assert_eq!(p.rate.0 / p.rate.1, 1);
     }
 }

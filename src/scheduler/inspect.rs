@@ -159,7 +159,7 @@ impl Scheduler {
         let b = usize::from(backend);
         let (prefill, cache) = (&self.learned.prefill[b], &self.learned.cache[b]);
         BackendEstimates {
-            rate: prefill.rate_in_use(),
+            rate: prefill.rate,
             rate_at: prefill.rate_at,
             budget_at: prefill.budget_at,
             budget: self.backends[b].budget,

@@ -676,15 +676,6 @@ impl Scheduler {
         if reported.capacity_changed || model.calibrate(now) {
             self.resize_index(backend);
         }
-        let computed = (cache.prefix_queries != EngineCache::NO_COUNTER
-            && cache.prefix_hits != EngineCache::NO_COUNTER)
-            .then(|| cache.prefix_queries.saturating_sub(cache.prefix_hits));
-        let busy = snapshot.waiting.is_some_and(|waiting| waiting > 0);
-        self.learned.prefill[usize::from(backend)].engine_counters(
-            snapshot.scraped_at,
-            computed,
-            busy,
-        );
         let stale_after = self.params.metrics_stale_after;
         let auto = self.params.prefill_tokens_per_backend == Budget::Auto;
         let queued = self.queue.queued() > 0;

@@ -473,7 +473,7 @@ impl Scheduler {
             let weighted = self
                 .cache_cost(usize::from(best.0))
                 .saturating_sub(self.cache_cost(usize::from(cheapest.0)));
-            let rate = self.learned.prefill[usize::from(best.0)].rate_in_use();
+            let rate = self.learned.prefill[usize::from(best.0)].rate;
             let wait = match rate {
                 (0, _) => wait_max,
                 (tokens, ticks) => {
@@ -508,7 +508,7 @@ impl Scheduler {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
             let decoding = u64::from(backend.inflight) - pending;
-            let rate = self.learned.prefill[b].rate_in_use();
+            let rate = self.learned.prefill[b].rate;
             let rate = if rate.0 == 0 { fastest } else { rate };
             let mut backlog = remaining_backlog(backend, rate, now);
             if streaming {

@@ -299,7 +299,7 @@ impl Reference {
     /// restated: the harness compares these fields only).
     pub fn backend_estimates(&self, backend: u16) -> ((u64, u64, u64, u64, u64, u64), u64) {
         let b = usize::from(backend);
-        let rate = self.rate_in_use(backend);
+        let rate = self.rate(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];

@@ -1,6 +1,5 @@
 //! What the reference learns (issue \[8\], [`super::super::estimate`]), restated from its
-//! definitions: tokens per byte, each backend's prefill rate from its first bytes and, for
-//! traffic that never streams, from its engine's counters over busy scrape intervals, the
+//! definitions: tokens per byte, each backend's prefill rate from its first bytes, the
 //! budget's moves on each snapshot, and what a snapshot reports (KV capacity and pressure,
 //! prefix-cache counters, a restart).
 
@@ -36,10 +35,6 @@ pub(super) struct Learned {
     /// The KV usage averaged over the scrapes, millionths: each moves it a
     /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
     pub(super) pressure: u64,
-    /// The last scrape with prefix-cache counters: its tick, queries less hits, and whether
-    /// requests were waiting; every busy interval between two such scrapes, oldest first.
-    pub(super) last_scrape: Option<(Tick, u64, bool)>,
-    pub(super) busy: Vec<(u64, u64)>,
 }
 
 impl Learned {
@@ -75,8 +70,6 @@ impl Learned {
             restarts: 0,
             restarted_at: 0,
             pressure: 0,
-            last_scrape: None,
-            busy: Vec::new(),
         }
     }
 }
@@ -160,7 +153,6 @@ impl Reference {
         if changed || self.calibrate(backend) {
             self.resize_index(backend);
         }
-        self.busy_interval(backend, &snapshot);
         let stale_after = self.p.metrics_stale_after;
         let own =
             self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
@@ -210,23 +202,11 @@ impl Reference {
         }
     }
 
-    /// The prefill rate S16 counts `backend` at: its first bytes', else its busy intervals'.
-    pub(super) fn rate_in_use(&self, backend: u16) -> (u64, u64) {
-        let rate = self.rate(backend);
-        if rate.0 > 0 {
-            return rate;
-        }
-        let busy = &self.learned[usize::from(backend)].busy;
-        let mut last = busy[busy.len().saturating_sub(estimate::RATE_WINDOWS)..].to_vec();
-        last.sort_by(|&a, &b| estimate::rate_order(a, b));
-        last.get(last.len() / 2).copied().unwrap_or((0, 0))
-    }
-
-    /// The fastest rate in use, `(0, 0)` when none is known.
+    /// The fastest learned rate, `(0, 0)` when none is known.
     pub(super) fn fastest(&self) -> (u64, u64) {
         let mut fastest = (0, 0);
         for b in 0..self.p.backends {
-            let r = self.rate_in_use(b);
+            let r = self.rate(b);
             if r.0 > 0
                 && (fastest.0 == 0
                     || u128::from(r.0) * u128::from(fastest.1)
@@ -240,37 +220,11 @@ impl Reference {
 
     /// The rate `backend`'s backlogs drain at: its own, else the fastest known.
     pub(super) fn drain_rate(&self, backend: u16) -> (u64, u64) {
-        let rate = self.rate_in_use(backend);
+        let rate = self.rate(backend);
         if rate.0 > 0 {
             rate
         } else {
             self.fastest()
-        }
-    }
-
-    /// A scrape's prefix-cache counters: an interval between two scrapes that both found
-    /// requests waiting is a busy one, the uncached tokens the engine began over its length.
-    pub(super) fn busy_interval(&mut self, backend: u16, snapshot: &Snapshot) {
-        let cache = snapshot.cache;
-        let l = &mut self.learned[usize::from(backend)];
-        if cache.prefix_queries == EngineCache::NO_COUNTER
-            || cache.prefix_hits == EngineCache::NO_COUNTER
-        {
-            l.last_scrape = None;
-            return;
-        }
-        let computed = cache.prefix_queries.saturating_sub(cache.prefix_hits);
-        let waiting = snapshot.waiting.unwrap_or(0) > 0;
-        let at = snapshot.scraped_at;
-        match l.last_scrape {
-            Some((before, _, _)) if at <= before => {}
-            Some((before, then, was_waiting)) => {
-                if was_waiting && waiting && computed > then {
-                    l.busy.push((computed - then, at - before));
-                }
-                l.last_scrape = Some((at, computed, waiting));
-            }
-            None => l.last_scrape = Some((at, computed, waiting)),
         }
     }
 

@@ -164,7 +164,7 @@ impl Reference {
     /// `work` tokens on `backend` in tokens of the fastest backend's time.
     pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
         let fastest = self.fastest();
-        let rate = self.rate_in_use(backend);
+        let rate = self.rate(backend);
         if rate.0 == 0 || fastest.0 == 0 {
             return work;
         }
@@ -214,7 +214,7 @@ impl Reference {
             }
             let weighted =
                 self.cache_cost(request, taken).saturating_sub(self.cache_cost(request, cheapest));
-            let wait = match self.rate_in_use(taken) {
+            let wait = match self.rate(taken) {
                 (0, _) => self.p.prefix.wait_max,
                 (tokens, ticks) => {
                     let t = u128::from(weighted) * u128::from(ticks) / u128::from(tokens);

@@ -25,6 +25,8 @@ struct Seen {
     authorization: String,
     /// Messages in the prompt: turn k of a synthetic session has 2 + 2k.
     messages: usize,
+    /// It asked for a streamed response.
+    stream: bool,
     arrived: Tick,
     answered: Tick,
 }
@@ -124,41 +126,60 @@ fn serve(stream: TcpStream, clock: &Clock, seen: &Mutex<Vec<Seen>>, counters: &M
         }
         assert!(request_line.starts_with("POST /v1/chat/completions "), "{request_line}");
         let json: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
-        assert_eq!(json["stream"], true);
-        assert_eq!(json["stream_options"]["include_usage"], true);
+        let stream = json["stream"] == true;
+        assert_eq!(json["stream_options"]["include_usage"] == true, stream, "{json}");
         let messages = json["messages"].as_array().expect("messages").len();
         {
             let mut c = counters.lock().expect("lock");
             c.0 += 5;
             c.1 += 10;
         }
-        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
-                    Transfer-Encoding: chunked\r\n\r\n";
-        if out.write_all(head.as_bytes()).is_err() {
+        if stream && !stream_events(&mut out) {
             return;
         }
-        for k in 0..CHUNKS {
-            thread::sleep(CHUNK_GAP);
-            let event =
-                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"w{k} \"}}}}]}}\n\n");
-            let _ = out.write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+        if !stream {
+            // The whole answer at once, after as long as the chunks of a stream take.
+            thread::sleep(CHUNK_GAP * CHUNKS as u32);
         }
-        let last = format!(
-            "data: {{\"choices\":[],\"usage\":{{\"completion_tokens\":{CHUNKS}}}}}\n\ndata: [DONE]\n\n"
-        );
         let answered = clock.now();
         // Recorded before the last bytes go out: the client cannot have seen the end earlier.
-        seen.lock().expect("lock").push(Seen {
-            session,
-            authorization,
-            messages,
-            arrived,
-            answered,
-        });
-        if out.write_all(format!("{:x}\r\n{last}\r\n0\r\n\r\n", last.len()).as_bytes()).is_err() {
+        let request = Seen { session, authorization, messages, stream, arrived, answered };
+        seen.lock().expect("lock").push(request);
+        if out.write_all(last_bytes(stream).as_bytes()).is_err() {
             return;
         }
     }
+}
+
+/// Writes a stream's head and its content events, a chunk gap apart; false when the client
+/// has gone.
+fn stream_events(out: &mut TcpStream) -> bool {
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                Transfer-Encoding: chunked\r\n\r\n";
+    if out.write_all(head.as_bytes()).is_err() {
+        return false;
+    }
+    for k in 0..CHUNKS {
+        thread::sleep(CHUNK_GAP);
+        let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"w{k} \"}}}}]}}\n\n");
+        let _ = out.write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    true
+}
+
+/// The end of an answer: a stream's usage event, `[DONE]` and last chunk, or a whole response.
+fn last_bytes(stream: bool) -> String {
+    if stream {
+        let last = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"completion_tokens\":{CHUNKS}}}}}\n\ndata: [DONE]\n\n"
+        );
+        return format!("{:x}\r\n{last}\r\n0\r\n\r\n", last.len());
+    }
+    let text = format!(
+        "{{\"choices\":[{{\"message\":{{\"content\":\"w\"}}}}],\"usage\":{{\"completion_tokens\":{CHUNKS}}}}}"
+    );
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n";
+    format!("{head}Content-Length: {}\r\n\r\n{text}", text.len())
 }
 
 fn options(label: &str) -> RunOptions {
@@ -280,6 +301,53 @@ fn anonymous_runs_send_no_session_header() {
     // Each session's second turn still resends its first (2 + 2k messages at turn k).
     let second_turns = seen.iter().filter(|s| s.messages == 4).count();
     assert_eq!(second_turns, workload.follow_ups());
+}
+
+/// `--no-stream=50`: half the sessions, the same ones every run, ask for whole responses and
+/// the others stream; every turn of a session asks the same way, and each sample says which.
+#[test]
+fn a_share_of_sessions_asks_for_whole_responses() {
+    let _shared = shared();
+    let fake = Fake::start();
+    let workload = two_turn_sessions(Duration::from_millis(400), 13);
+    let mut opts = options("mixed");
+    opts.unstreamed_percent = 50;
+    let result = bench::run_workload(&fake.url, &workload, &opts).expect("runs");
+    assert_eq!(result.all.ok as usize, workload.requests(), "errors: {:?}", result.errors);
+    let streams = |s: usize| bench::workload::session_streams(s, 50);
+    for sample in &result.samples {
+        assert_eq!(sample.stream, streams(sample.session as usize), "{sample:?}");
+        let (ttft, e2e) = (sample.ttft_ms.expect("answered"), sample.e2e_ms);
+        // A whole response's first token is its end; a stream's comes a few chunks earlier.
+        assert_eq!(ttft == e2e, !sample.stream, "{sample:?}");
+    }
+    let streamed = result.samples.iter().filter(|s| s.stream).count();
+    assert!(streamed > 0 && streamed < result.samples.len(), "{streamed} streamed");
+    let mut by_session: BTreeMap<String, Vec<bool>> = BTreeMap::new();
+    for seen in fake.seen() {
+        by_session.entry(seen.session).or_default().push(seen.stream);
+    }
+    for (s, session) in workload.sessions.iter().enumerate() {
+        assert_eq!(by_session[&session.id], vec![streams(s); 2], "session {}", session.id);
+    }
+}
+
+/// `--no-stream` alone is every session; `--no-stream=PERCENT` a share of them, 0 to 100.
+#[test]
+fn no_stream_takes_an_optional_share() {
+    use clap::Parser;
+    let parse = |extra: &[&str]| {
+        let mut args = vec!["bench", "--target", "http://127.0.0.1:9", "--no-progress"];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args).map(|cli| cli.bench.no_stream)
+    };
+    assert_eq!(parse(&[]).expect("parses"), None);
+    assert_eq!(parse(&["--no-stream"]).expect("parses"), Some(100));
+    assert_eq!(parse(&["--no-stream=30"]).expect("parses"), Some(30));
+    assert_eq!(parse(&["--no-stream=0"]).expect("parses"), Some(0));
+    for bad in ["--no-stream=101", "--no-stream=-1", "--no-stream=half"] {
+        assert!(parse(&[bad]).is_err(), "{bad}");
+    }
 }
 
 /// `--api-key` (issue [11]'s tenants): every request carries `Authorization: Bearer KEY`, beside

@@ -34,7 +34,7 @@ use crate::clock::{Clock, Tick};
 
 use super::pool::{End, Exchange, Pool};
 use super::report::Sample;
-use super::workload::Workload;
+use super::workload::{session_streams, Workload};
 use super::RunOptions;
 
 /// How often the loop wakes to check request timeouts when nothing else is due.
@@ -211,13 +211,14 @@ impl Driver<'_> {
         let (s, t) = self.turns[flat];
         let mut body = Vec::with_capacity(4096);
         let o = self.options;
-        let flags = (o.ignore_eos, o.stream);
+        let stream = session_streams(s as usize, o.unstreamed_percent);
+        let flags = (o.ignore_eos, stream);
         self.workload.write_body(s as usize, t as usize, &o.model, flags, &mut body);
         let session = match o.anonymous {
             true => String::new(),
             false => format!("{}: {}\r\n", o.session_header, self.workload.sessions[s as usize].id),
         };
-        let accept = if o.stream { "text/event-stream" } else { "application/json" };
+        let accept = if stream { "text/event-stream" } else { "application/json" };
         let mut request = format!(
             "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Accept: {accept}\r\nUser-Agent: warmpath-bench\r\n{session}{}\
@@ -260,6 +261,7 @@ impl Driver<'_> {
             session: s,
             turn: t,
             follow_up,
+            stream: session_streams(s as usize, self.options.unstreamed_percent),
             status: e.status,
             failure,
             sent_ms: ms(e.started - self.start),

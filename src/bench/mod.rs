@@ -193,8 +193,18 @@ pub struct BenchArgs {
     pub anonymous: bool,
     /// multiturn, trace: ask for whole responses (no `"stream": true`), as the OpenAI SDKs do
     /// by default; the time to the first token is then the time to the whole response.
-    #[arg(long)]
-    pub no_stream: bool,
+    /// `--no-stream=PERCENT`: only that share of the sessions does (chosen by a hash of the
+    /// session's index, the same ones every run), the others stream: a fleet whose clients mix
+    /// both. Each request's JSON sample says which it asked for (`stream`).
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "100",
+        value_parser = clap::value_parser!(u8).range(0..=100)
+    )]
+    pub no_stream: Option<u8>,
     /// An API key sent as `Authorization: Bearer KEY` on every request (the tenants of issue 11;
     /// run one bench per tenant to load several). Also read from `$WARMPATH_API_KEY`.
     #[arg(long, value_name = "KEY", env = "WARMPATH_API_KEY", hide_env_values = true)]
@@ -225,8 +235,9 @@ pub struct RunOptions {
     pub ignore_eos: bool,
     /// Send no session header.
     pub anonymous: bool,
-    /// Ask for streamed responses.
-    pub stream: bool,
+    /// The share of sessions, in percent, that ask for whole responses instead of streams
+    /// ([`workload::session_streams`]; 0: every request streams).
+    pub unstreamed_percent: u8,
     /// Sent as `Authorization: Bearer KEY` on every request.
     pub api_key: Option<String>,
 }
@@ -244,7 +255,7 @@ impl Default for RunOptions {
             progress: false,
             ignore_eos: false,
             anonymous: false,
-            stream: true,
+            unstreamed_percent: 0,
             api_key: None,
         }
     }
@@ -518,7 +529,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         progress: !args.no_progress,
         ignore_eos: args.ignore_eos,
         anonymous: args.anonymous,
-        stream: !args.no_stream,
+        unstreamed_percent: args.no_stream.unwrap_or(0),
         api_key: args.api_key.clone(),
     };
     let result = match run_workload(&args.target, &workload, &options) {

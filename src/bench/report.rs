@@ -36,6 +36,8 @@ pub struct Sample {
     pub turn: u32,
     /// Whether it waited for an earlier turn.
     pub follow_up: bool,
+    /// Whether it asked for a streamed response (else its `ttft_ms` is the whole response's).
+    pub stream: bool,
     /// HTTP status; 0 when there was none (connection error, timeout, malformed response).
     pub status: u16,
     /// `io`, `timeout` or `protocol` when `status` is 0, or when the stream broke off.
@@ -736,6 +738,7 @@ mod tests {
             session: 0,
             turn: u32::from(follow_up),
             follow_up,
+            stream: true,
             status,
             failure: if status == 0 { Some("io") } else { None },
             sent_ms: 0.0,

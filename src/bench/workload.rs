@@ -23,6 +23,15 @@ use std::time::Duration;
 use super::synthetic::MultiTurn;
 use crate::splitmix::mix;
 
+/// Whether the client of session `index` streams when `unstreamed_percent` of the sessions ask
+/// for whole responses (0: every session streams; 100: none does). Which sessions is fixed by a
+/// hash of their index, so every router of a comparison, and the fleet lab
+/// (`fleet::FleetSpec::unstreamed_percent`), meets the same mix.
+pub fn session_streams(index: usize, unstreamed_percent: u8) -> bool {
+    // A fixed salt, so the choice does not follow any other draw made from the index.
+    mix(index as u64 ^ 0x5EED_F00D_5E55_1025) % 100 >= u64::from(unstreamed_percent)
+}
+
 /// Words per Mooncake block (the trace's block size in tokens).
 pub const BLOCK_WORDS: u32 = 512;
 

@@ -102,9 +102,7 @@ impl FleetSpec {
 
     /// Whether the client of session `index` asks for streamed responses.
     pub fn streams(&self, index: usize) -> bool {
-        // A fixed salt, so the choice does not follow the arrival jitter's sample path.
-        let draw = crate::splitmix::mix(index as u64 ^ 0x5EED_F00D_5E55_1025) % 100;
-        draw >= u64::from(self.unstreamed_percent)
+        crate::bench::workload::session_streams(index, self.unstreamed_percent)
     }
 }
 

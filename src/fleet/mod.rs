@@ -716,24 +716,28 @@ mod tests {
     use super::*;
     use crate::bench::synthetic::MultiTurn;
 
-    /// An outcome's `e2e` is its own send to last token, not the send to the end of the run
-    /// (what it was until the thirteenth session; nothing read it then).
-    #[test]
-    fn e2e_is_each_requests_send_to_its_last_token() {
+    /// Two-turn sessions arriving at `rate` a second for `seconds`, answers of `answer_tokens`,
+    /// and the lab's connection to two H100 engines behind a least-inflight balancer.
+    fn two_turn_sessions(rate: f64, seconds: u64, answer_tokens: u32) -> (Workload, FleetSpec) {
         let workload = MultiTurn {
-            rate: 2.0,
-            duration: Duration::from_secs(10),
+            rate,
+            duration: Duration::from_secs(seconds),
             turns: 2,
-            answer_tokens: 20,
+            answer_tokens,
             think_mean: Duration::from_secs(1),
             ..MultiTurn::default()
         }
         .workload();
         let engine = crate::sim::profile("h100-8b").expect("a named profile");
-        let spec = FleetSpec {
-            unstreamed_percent: 100,
-            ..FleetSpec::lab(vec![engine; 2], Router::LeastInflight)
-        };
+        (workload, FleetSpec::lab(vec![engine; 2], Router::LeastInflight))
+    }
+
+    /// An outcome's `e2e` is its own send to last token, not the send to the end of the run
+    /// (what it was until the thirteenth session; nothing read it then).
+    #[test]
+    fn e2e_is_each_requests_send_to_its_last_token() {
+        let (workload, lab) = two_turn_sessions(2.0, 10, 20);
+        let spec = FleetSpec { unstreamed_percent: 100, ..lab };
         let report = run(&workload, &spec);
         assert!(report.outcomes.len() > 10);
         for o in &report.outcomes {
@@ -746,22 +750,12 @@ mod tests {
         assert!(ends.iter().filter(|&&end| end < last - 1.0).count() > report.outcomes.len() / 2);
     }
 
-    /// A mixed fleet: the share of sessions asked for stream, whole sessions at a time, the same
-    /// sessions for every router; each client sees the first token of a stream and the whole of
-    /// any other response.
+    /// A mixed fleet: the share of sessions asked for asks for whole responses, a whole session
+    /// at a time, the same sessions for every router; each client sees the first token of a
+    /// stream and the whole of any other response.
     #[test]
     fn a_share_of_sessions_asks_for_whole_responses() {
-        let workload = MultiTurn {
-            rate: 4.0,
-            duration: Duration::from_secs(30),
-            turns: 2,
-            answer_tokens: 40,
-            think_mean: Duration::from_secs(1),
-            ..MultiTurn::default()
-        }
-        .workload();
-        let engine = crate::sim::profile("h100-8b").expect("a named profile");
-        let lab = FleetSpec::lab(vec![engine; 2], Router::LeastInflight);
+        let (workload, lab) = two_turn_sessions(4.0, 30, 40);
         let sessions = workload.sessions.len();
         assert!(sessions > 80, "{sessions} sessions");
         for (percent, low, high) in [(0, 100, 100), (30, 55, 85), (100, 0, 0)] {

@@ -36,6 +36,18 @@
 //! which this engine, as loaded, clears prefill. The rate ranks backends of different speeds
 //! in prefix-cost placement and is exported; the budget does not depend on it.
 //!
+//! An engine that seldom has a second request waiting (a light load, or a slow engine in a
+//! mixed fleet that few sessions live on) closes no window for a long time: in the fleet lab's
+//! coder workload on an H100 and an L4 at 0.9 of their capacity, the L4 had 8 clean first bytes
+//! in 96 and learned its rate after 558 of 1,978 seconds. Until a window closes, the rate is
+//! *provisional*: the estimated tokens over the times from admission to first byte of the
+//! requests that had the backend's prefill to themselves (no first byte there since they were
+//! admitted, and none other pending at theirs). The trip to the engine and the step a request
+//! lands in are in those times, so it errs slow, and it ranks engines of different speeds
+//! long before a window would. (Before, a backend without a window was taken to be as fast as
+//! the fastest, and the L4 took 24 sessions while the H100 had room, `perf/RESULTS.md`,
+//! fifteenth session.)
+//!
 //! Non-streaming requests give no first byte before their end, so a backend serving only those
 //! learns no rate; one that has learned none is taken to clear as fast as the fastest that has
 //! ([`Learned::drain_rate`]), as S16's cost takes an unknown rate to be. (A rate from the
@@ -192,6 +204,9 @@ pub struct Prefill {
     window_events: u32,
     /// Closed windows.
     windows: RateWindows,
+    /// Estimated tokens and ticks (admission to first byte) of the first bytes of requests that
+    /// had their backend's prefill to themselves: the provisional rate until a window closes.
+    alone: (u64, u64),
     /// The median of `windows`: the rate is `rate.0 / rate.1` tokens per tick; `(0, 0)`
     /// until the first window closes.
     pub rate: (u64, u64),
@@ -208,6 +223,7 @@ impl Prefill {
         window_ticks: 0,
         window_events: 0,
         windows: RateWindows::NEW,
+        alone: (0, 0),
         rate: (0, 0),
         rate_at: 0,
         budget: BUDGET_UNLEARNED,
@@ -215,8 +231,8 @@ impl Prefill {
     };
 
     /// The first byte of a request of `tokens` estimated tokens, admitted at `admitted_at`,
-    /// arrived at `now`.
-    pub fn first_byte(&mut self, now: Tick, admitted_at: Tick, tokens: u64) {
+    /// arrived at `now`; `alone`: no other request of the backend's is pending prefill now.
+    pub fn first_byte(&mut self, now: Tick, admitted_at: Tick, tokens: u64, alone: bool) {
         // A request admitted before the previous first byte was waiting at the engine when the
         // previous one finished: the time since then is its service, with no idle time in it.
         if admitted_at < self.last_first_byte {
@@ -225,6 +241,14 @@ impl Prefill {
             self.window_events += 1;
             if self.window_events >= WINDOW_EVENTS {
                 self.close_window(now);
+            }
+        } else if alone && self.windows.len == 0 {
+            // No first byte since its admission and none other pending: it had the engine's
+            // prefill to itself, and its time to first byte is its service plus the trip.
+            self.alone = (self.alone.0 + tokens, self.alone.1 + (now - admitted_at));
+            if self.alone.0 > 0 {
+                self.rate = (self.alone.0, self.alone.1.max(1));
+                self.rate_at = now;
             }
         }
         self.last_first_byte = now;
@@ -617,7 +641,7 @@ mod tests {
         for _ in 0..n {
             let admitted = now.saturating_sub(1);
             now += tokens / rate;
-            p.first_byte(now, admitted, tokens);
+            p.first_byte(now, admitted, tokens, false);
         }
         now
     }
@@ -648,9 +672,30 @@ mod tests {
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
         // An idle gap, then a request admitted after the last first byte: no sample from it.
         let windows = p.windows.len;
-        p.first_byte(now + 1_000_000 + 150, now + 1_000_000, 1000);
+        p.first_byte(now + 1_000_000 + 150, now + 1_000_000, 1000, true);
         assert_eq!((p.windows.len, p.window_events), (windows, 0), "idle starts are not service");
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+    }
+
+    /// An engine that never has a request waiting behind another (a lightly loaded one, or one
+    /// that few sessions live on) closes no window; until one closes, its rate is the tokens
+    /// over the times to first byte of the requests it served alone. Those times hold the trip
+    /// too, so the estimate errs slow, and the first closed window replaces it.
+    #[test]
+    fn until_a_window_closes_the_rate_is_that_of_requests_served_alone() {
+        let mut p = Prefill::NEW;
+        p.first_byte(1_100, 1_000, 1_000, false);
+        assert_eq!(p.rate, (0, 0), "another request was pending: no sample");
+        p.first_byte(2_100, 2_000, 1_000, true);
+        p.first_byte(3_300, 3_000, 2_000, true);
+        assert_eq!((p.rate, p.rate_at), ((3_000, 400), 3_300), "7.5 tokens per tick");
+        // Admitted before the previous first byte: clean service, not a provisional sample.
+        let now = back_to_back(&mut p, 10_000, WINDOW_EVENTS, 1_000, 10);
+        assert_eq!(p.rate, (3_000, 400), "no window closed yet");
+        let now = back_to_back(&mut p, now, 1, 1_000, 10);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "the window replaces it");
+        p.first_byte(now + 1_100, now + 1_000, 1_000, true);
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "and alone samples stop counting");
     }
 
     #[test]

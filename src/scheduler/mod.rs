@@ -516,7 +516,8 @@ impl Scheduler {
         backend.prefill_since = now;
         self.queue.get_mut(index).prefill_pending = false;
         let admitted_at = self.learned.admission[index as usize];
-        self.learned.prefill[b].first_byte(now, admitted_at, tokens);
+        let alone = backend.prefill_pending == 0;
+        self.learned.prefill[b].first_byte(now, admitted_at, tokens, alone);
     }
 
     fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {

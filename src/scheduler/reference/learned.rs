@@ -18,6 +18,9 @@ pub(super) struct Learned {
     pub(super) window: (u64, u64, u32),
     /// Every closed window, oldest first.
     pub(super) windows: Vec<(u64, u64)>,
+    /// Tokens and times to first byte of the requests that had the backend's prefill to
+    /// themselves, before any window closed.
+    pub(super) alone: (u64, u64),
     /// The learned prefill budget (in effect under `auto`: [`Reference::budget`]).
     pub(super) budget: u64,
     /// The backlog reached the budget since the last snapshot.
@@ -60,6 +63,7 @@ impl Learned {
             last_first_byte: 0,
             window: (0, 0, 0),
             windows: Vec::new(),
+            alone: (0, 0),
             budget: estimate::BUDGET_UNLEARNED,
             filled: false,
             capacity: 0,
@@ -85,6 +89,7 @@ impl Reference {
         a.prefill_pending = false;
         let (backend, admitted_at, tokens) = (a.backend, a.admitted_at, u64::from(a.backlog));
         self.backends[usize::from(backend)].prefill_left_at = now;
+        let others = self.admitted.iter().any(|a| a.backend == backend && a.prefill_pending);
         let l = &mut self.learned[usize::from(backend)];
         // Admitted before the previous first byte: its service began at that first byte.
         if admitted_at < l.last_first_byte {
@@ -98,13 +103,24 @@ impl Reference {
                     l.windows.push(closed);
                 }
             }
+        } else if !others && l.windows.is_empty() {
+            // Nothing else pending there and no first byte since it was sent: its time to
+            // first byte is its own prefill (and the trip).
+            l.alone.0 += tokens;
+            l.alone.1 += now - admitted_at;
         }
         l.last_first_byte = now;
     }
 
-    /// The learned prefill rate of `backend`: the median of its last windows, or `(0, 0)`.
+    /// The learned prefill rate of `backend`: the median of its last windows; before the first
+    /// closes, the tokens over the times to first byte of the requests that were alone there;
+    /// else `(0, 0)`.
     pub(super) fn rate(&self, backend: u16) -> (u64, u64) {
-        let windows = &self.learned[usize::from(backend)].windows;
+        let l = &self.learned[usize::from(backend)];
+        if l.windows.is_empty() {
+            return if l.alone.0 > 0 { (l.alone.0, l.alone.1.max(1)) } else { (0, 0) };
+        }
+        let windows = &l.windows;
         let last = &windows[windows.len().saturating_sub(estimate::RATE_WINDOWS)..];
         let mut sorted = last.to_vec();
         sorted.sort_by(|&a, &b| rate_order(a, b));

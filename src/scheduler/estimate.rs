@@ -38,15 +38,16 @@
 //!
 //! An engine that seldom has a second request waiting (a light load, or a slow engine in a
 //! mixed fleet that few sessions live on) closes no window for a long time: in the fleet lab's
-//! coder workload on an H100 and an L4 at 0.9 of their capacity, the L4 had 8 clean first bytes
-//! in 96 and learned its rate after 558 of 1,978 seconds. Until a window closes, the rate is
+//! coder workload on an H100 and an L4 at 0.9 of their capacity, half its sessions streaming,
+//! the L4 had 8 clean first bytes in 96 and learned its rate after 558 of 1,978 seconds. Until
+//! a window closes, the rate is
 //! *provisional*: the estimated tokens over the times from admission to first byte of the
 //! requests that had the backend's prefill to themselves (no first byte there since they were
 //! admitted, and none other pending at theirs). The trip to the engine and the step a request
 //! lands in are in those times, so it errs slow, and it ranks engines of different speeds
 //! long before a window would. (Before, a backend without a window was taken to be as fast as
-//! the fastest, and the L4 took 24 sessions while the H100 had room, `perf/RESULTS.md`,
-//! fifteenth session.)
+//! the fastest, and the L4 took 24 of those 397 sessions while the H100 had room, 46 when every
+//! session streams; with it, 7 and 11. `perf/RESULTS.md`, fifteenth session.)
 //!
 //! Non-streaming requests give no first byte before their end, so a backend serving only those
 //! learns no rate; one that has learned none is taken to clear as fast as the fastest that has

@@ -39,15 +39,21 @@
 //! An engine that seldom has a second request waiting (a light load, or a slow engine in a
 //! mixed fleet that few sessions live on) closes no window for a long time: in the fleet lab's
 //! coder workload on an H100 and an L4 at 0.9 of their capacity, half its sessions streaming,
-//! the L4 had 8 clean first bytes in 96 and learned its rate after 558 of 1,978 seconds. Until
-//! a window closes, the rate is
-//! *provisional*: the estimated tokens over the times from admission to first byte of the
-//! requests that had the backend's prefill to themselves (no first byte there since they were
-//! admitted, and none other pending at theirs). The trip to the engine and the step a request
-//! lands in are in those times, so it errs slow, and it ranks engines of different speeds
-//! long before a window would. (Before, a backend without a window was taken to be as fast as
-//! the fastest, and the L4 took 24 of those 397 sessions while the H100 had room, 46 when every
-//! session streams; with it, 7 and 11. `perf/RESULTS.md`, fifteenth session.)
+//! the L4 had 8 clean first bytes in 96 and closed its first window after 558 of 1,978 seconds.
+//! Each backend therefore also sums the estimated tokens and the times from admission to first
+//! byte of the requests that had its prefill to themselves (no first byte there since their
+//! admission, none other pending at theirs): its *rate served alone*
+//! ([`Prefill::alone_rate`]). The trip to the engine, the step a request lands in and any
+//! non-streaming prefill beside it are in those times, so it errs slow, by as much as the
+//! engine is busy: taken as a rate (tried first), it made an H100 that had not closed a window
+//! look a third as fast as its twin that had, and on RAGPulse with half the sessions streaming
+//! the streaming first-turn p90 went from 1.07x `cache_aware`'s to 1.30x. What it is good for
+//! is comparing engines that err alike: a backend without a window is taken to clear at the
+//! fastest backend's rate times the ratio of their rates served alone
+//! ([`Learned::drain_rate`]), and at the fastest's only when either has none. (Before, a
+//! backend without a window was taken to be as fast as the fastest, and in that coder cell the
+//! L4 took 24 of the 397 sessions while the H100 had room, 46 when every session streams;
+//! `perf/RESULTS.md`, fifteenth session.)
 //!
 //! Non-streaming requests give no first byte before their end, so a backend serving only those
 //! learns no rate; one that has learned none is taken to clear as fast as the fastest that has
@@ -120,6 +126,9 @@ use super::EngineCache;
 pub const WINDOW_EVENTS: u32 = 8;
 /// Rate samples in the windowed maximum.
 pub const RATE_WINDOWS: usize = 8;
+/// Once the times to first byte of a backend's requests served alone sum past this many ticks,
+/// both of its sums halve ([`Prefill::alone_rate`] follows the engine as it is now).
+pub const ALONE_HORIZON: u64 = 1 << 40;
 /// Warmpath's requests the budget aims to keep waiting (not started) in an engine's queue:
 /// one, so that the engine has its next prefill when a running one finishes, and no more, so
 /// that the rest of the queue is ordered in warmpath.
@@ -243,16 +252,27 @@ impl Prefill {
             if self.window_events >= WINDOW_EVENTS {
                 self.close_window(now);
             }
-        } else if alone && self.windows.len == 0 {
+        } else if alone {
             // No first byte since its admission and none other pending: it had the engine's
             // prefill to itself, and its time to first byte is its service plus the trip.
             self.alone = (self.alone.0 + tokens, self.alone.1 + (now - admitted_at));
-            if self.alone.0 > 0 {
-                self.rate = (self.alone.0, self.alone.1.max(1));
-                self.rate_at = now;
+            if self.alone.1 > ALONE_HORIZON {
+                self.alone = (self.alone.0 / 2, self.alone.1 / 2);
             }
         }
         self.last_first_byte = now;
+    }
+
+    /// The estimated tokens over the times to first byte of the requests that had this
+    /// backend's prefill to themselves (`(0, 0)` before the first): a rate that errs slow by
+    /// the trip and the step each landed in, for comparing backends that have no window with
+    /// one that has ([`Learned::drain_rate`]).
+    pub fn alone_rate(&self) -> (u64, u64) {
+        if self.alone.0 > 0 {
+            (self.alone.0, self.alone.1.max(1))
+        } else {
+            (0, 0)
+        }
     }
 
     /// A snapshot at `now` says `waiting` of warmpath's `pending` streaming requests on this
@@ -308,6 +328,22 @@ pub fn cleared(elapsed: Tick, rate: (u64, u64)) -> u64 {
             u64::try_from(cleared).unwrap_or(u64::MAX)
         }
     }
+}
+
+/// `rate` times the ratio of the rates `of` to `to` (all `(tokens, ticks)`), that ratio in
+/// millionths between 1 and 16,000,000; `None` when `of` or `to` is unknown.
+pub fn scale_rate(rate: (u64, u64), of: (u64, u64), to: (u64, u64)) -> Option<(u64, u64)> {
+    if of.0 == 0 || to.0 == 0 {
+        return None;
+    }
+    let micro =
+        u128::from(of.0) * u128::from(to.1) * 1_000_000 / (u128::from(of.1) * u128::from(to.0));
+    let (mut tokens, mut ticks) =
+        (u128::from(rate.0) * micro.clamp(1, 16_000_000), u128::from(rate.1) * 1_000_000);
+    while (tokens > u128::from(u64::MAX) || ticks > u128::from(u64::MAX)) && ticks > 1 {
+        (tokens, ticks) = (tokens >> 1, ticks >> 1);
+    }
+    Some((u64::try_from(tokens).unwrap_or(u64::MAX), ticks as u64))
 }
 
 /// The last [`RATE_WINDOWS`] rate samples `(tokens, ticks)`, a ring, and their median.
@@ -590,29 +626,37 @@ impl Learned {
 
     /// The fastest learned prefill rate among the backends, `(0, 0)` when none is known.
     pub fn fastest_rate(&self) -> (u64, u64) {
-        let mut fastest = (0, 0);
-        for prefill in &self.prefill {
-            let rate = prefill.rate;
-            if rate.0 > 0
-                && (fastest.0 == 0
-                    || u128::from(rate.0) * u128::from(fastest.1)
-                        > u128::from(fastest.0) * u128::from(rate.1))
-            {
-                fastest = rate;
-            }
-        }
-        fastest
+        self.fastest().map_or((0, 0), |b| self.prefill[b].rate)
     }
 
-    /// The prefill rate `backend`'s backlog drains at by estimate: its own, else (not learned
-    /// yet) the fastest the other backends learned, as S16's cost takes an unknown rate to be.
-    pub fn drain_rate(&self, backend: u16) -> (u64, u64) {
-        let rate = self.prefill[usize::from(backend)].rate;
-        if rate.0 > 0 {
-            rate
-        } else {
-            self.fastest_rate()
+    /// The backend of the fastest learned prefill rate (the first of equals), if any.
+    fn fastest(&self) -> Option<usize> {
+        let mut fastest: Option<(usize, (u64, u64))> = None;
+        for (b, prefill) in self.prefill.iter().enumerate() {
+            let rate = prefill.rate;
+            if rate.0 > 0
+                && fastest.is_none_or(|(_, f)| {
+                    u128::from(rate.0) * u128::from(f.1) > u128::from(f.0) * u128::from(rate.1)
+                })
+            {
+                fastest = Some((b, rate));
+            }
         }
+        fastest.map(|(b, _)| b)
+    }
+
+    /// The prefill rate `backend` is taken to clear at, by S16's cost and by the estimates of
+    /// what is left of its backlogs: its own; else (no window closed yet) the fastest backend's
+    /// rate times the ratio of their [`Prefill::alone_rate`]s, which err slow alike, when both
+    /// have one; else the fastest's.
+    pub fn drain_rate(&self, backend: u16) -> (u64, u64) {
+        let own = &self.prefill[usize::from(backend)];
+        if own.rate.0 > 0 {
+            return own.rate;
+        }
+        let Some(f) = self.fastest() else { return (0, 0) };
+        let fastest = &self.prefill[f];
+        scale_rate(fastest.rate, own.alone_rate(), fastest.alone_rate()).unwrap_or(fastest.rate)
     }
 
     /// Room for `backends` backends and `arena` slots (a reconfiguration; never shrinks).
@@ -678,25 +722,40 @@ mod tests {
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
     }
 
-    /// An engine that never has a request waiting behind another (a lightly loaded one, or one
-    /// that few sessions live on) closes no window; until one closes, its rate is the tokens
-    /// over the times to first byte of the requests it served alone. Those times hold the trip
-    /// too, so the estimate errs slow, and the first closed window replaces it.
+    /// The first bytes of requests that had the backend's prefill to themselves (no first byte
+    /// since their admission, none other pending) sum into the rate served alone, before and
+    /// after windows close; nothing else does, and the sums halve past [`ALONE_HORIZON`].
     #[test]
-    fn until_a_window_closes_the_rate_is_that_of_requests_served_alone() {
+    fn requests_served_alone_sum_into_their_own_rate() {
         let mut p = Prefill::NEW;
         p.first_byte(1_100, 1_000, 1_000, false);
-        assert_eq!(p.rate, (0, 0), "another request was pending: no sample");
+        assert_eq!(p.alone_rate(), (0, 0), "another request was pending: no sample");
         p.first_byte(2_100, 2_000, 1_000, true);
         p.first_byte(3_300, 3_000, 2_000, true);
-        assert_eq!((p.rate, p.rate_at), ((3_000, 400), 3_300), "7.5 tokens per tick");
-        // Admitted before the previous first byte: clean service, not a provisional sample.
-        let now = back_to_back(&mut p, 10_000, WINDOW_EVENTS, 1_000, 10);
-        assert_eq!(p.rate, (3_000, 400), "no window closed yet");
-        let now = back_to_back(&mut p, now, 1, 1_000, 10);
-        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "the window replaces it");
-        p.first_byte(now + 1_100, now + 1_000, 1_000, true);
-        assert_eq!(p.tokens_per_second(1.0), Some(10.0), "and alone samples stop counting");
+        assert_eq!(p.alone_rate(), (3_000, 400), "7.5 tokens per tick");
+        assert_eq!(p.rate, (0, 0), "no window: the learned rate stays unknown");
+        let now = back_to_back(&mut p, 10_000, WINDOW_EVENTS + 1, 1_000, 10);
+        assert_eq!(p.alone_rate(), (3_000, 400), "clean first bytes are not alone");
+        p.first_byte(now + ALONE_HORIZON, now, 1_000, true);
+        assert_eq!(p.alone_rate(), (2_000, (400 + ALONE_HORIZON) / 2), "halved past the horizon");
+    }
+
+    /// A backend with no window is taken to clear at the fastest's rate times the ratio of their
+    /// rates served alone; without both of those, at the fastest's; with none learned, unknown.
+    #[test]
+    fn a_backend_without_a_window_is_scaled_from_the_fastest() {
+        let mut l = Learned::new(3, 1);
+        assert_eq!(l.drain_rate(1), (0, 0));
+        l.prefill[0].rate = (30, 1);
+        assert_eq!(l.drain_rate(1), (30, 1), "nothing served alone: as fast as the fastest");
+        l.prefill[0].first_byte(200, 100, 2_000, true);
+        l.prefill[1].first_byte(500, 100, 2_000, true);
+        assert_eq!(l.drain_rate(1), (30 * 250_000, 1_000_000), "a quarter as fast alone");
+        assert_eq!(l.drain_rate(2), (30, 1));
+        assert_eq!(l.drain_rate(0), (30, 1), "its own rate once it has one");
+        assert_eq!(scale_rate((u64::MAX, 1), (1, 1), (1, 1)), Some((u64::MAX, 1)), "saturates");
+        let (tokens, ticks) = scale_rate((1 << 62, 1 << 62), (1, 2), (1, 1)).expect("known");
+        assert_eq!(ticks, 2 * tokens, "half of one token per tick, scaled down to fit");
     }
 
     #[test]

@@ -508,8 +508,7 @@ impl Scheduler {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
             let decoding = u64::from(backend.inflight) - pending;
-            let rate = self.learned.prefill[b].rate;
-            let rate = if rate.0 == 0 { fastest } else { rate };
+            let rate = self.learned.drain_rate(b as u16);
             let mut backlog = remaining_backlog(backend, rate, now);
             if streaming {
                 // Its client waits for the first token, behind the prefill left of the

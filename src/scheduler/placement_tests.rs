@@ -825,14 +825,10 @@ fn a_prompt_goes_to_a_backend_not_already_prefilling() {
     assert_eq!(h.arrive(2, None, &chain(200, 1), BLOCK_TOKENS, true), vec![(2, 1)]);
     assert_eq!(h.s.backend_prefill_tokens(1), u64::from(BLOCK_TOKENS));
     assert_eq!(h.arrive(3, None, &chain(300, 10), 10 * BLOCK_TOKENS, true), vec![(3, 0)]);
-    // Once backend 1's prefill is done, it is the cheaper again: no decode there. (Each first
-    // byte here had its engine to itself and taught it a provisional rate from its prompt's
-    // size at no elapsed time; the rule under test is at equal speeds.)
+    // Once backend 1's prefill is done, it is the cheaper again: no decode there.
     h.first_byte(2);
     h.first_byte(3);
     h.complete(2);
-    h.s.learned.prefill[0].rate = (1, 1);
-    h.s.learned.prefill[1].rate = (1, 1);
     assert_eq!(h.arrive(4, None, &chain(400, 10), 10 * BLOCK_TOKENS, true), vec![(4, 1)]);
 }
 
@@ -853,22 +849,24 @@ fn an_uncached_prompt_goes_where_it_would_be_done_soonest() {
 }
 
 /// A backend whose engine never had a second request waiting closes no rate window; until one
-/// does, it is known by the requests it served alone (`estimate::Prefill::first_byte`), not
-/// taken to be as fast as the fastest. Backend 0 prefills ten blocks (640 tokens) alone in 64
-/// ticks, backend 1 in 256. A ten-block prompt no backend holds then costs 640 + 125 (the
-/// sequence backend 0 decodes) there and 640 × 4 on backend 1. With neither rate known it
-/// would cost 640 on backend 1, and go there.
+/// does, it is compared with the fastest by the requests each served alone
+/// (`estimate::Learned::drain_rate`), not taken to be as fast. Backend 0 has learned 10
+/// tokens per tick and prefilled ten blocks (640 tokens) alone in 64 ticks; backend 1 prefilled
+/// ten blocks alone in 256, a quarter as fast. A ten-block prompt no backend holds then costs
+/// 640 + 125 (the sequence backend 0 decodes) there and 640 × 4 on backend 1. Taken to be as
+/// fast as backend 0, backend 1 would cost 640, and take it.
 #[test]
-fn a_backend_without_a_rate_window_is_known_by_the_requests_it_served_alone() {
+fn a_backend_without_a_rate_is_compared_by_the_requests_it_served_alone() {
     let mut h = H::new(params(2, 8));
     assert_eq!(h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
     h.now = 64;
     h.first_byte(1);
+    h.s.learned.prefill[0].rate = (10, 1);
     assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 1)]);
     h.now = 64 + 256;
     h.first_byte(2);
     h.complete(2);
-    assert_eq!(h.s.backend_estimates(1).rate, (640, 256));
+    assert_eq!(h.s.learned.drain_rate(1), (2_500_000, 1_000_000));
     assert_eq!(h.arrive(3, None, &chain(300, 10), 10 * BLOCK_TOKENS, true), vec![(3, 0)]);
 }
 

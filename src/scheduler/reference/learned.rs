@@ -103,24 +103,21 @@ impl Reference {
                     l.windows.push(closed);
                 }
             }
-        } else if !others && l.windows.is_empty() {
+        } else if !others {
             // Nothing else pending there and no first byte since it was sent: its time to
             // first byte is its own prefill (and the trip).
             l.alone.0 += tokens;
             l.alone.1 += now - admitted_at;
+            if l.alone.1 > estimate::ALONE_HORIZON {
+                l.alone = (l.alone.0 / 2, l.alone.1 / 2);
+            }
         }
         l.last_first_byte = now;
     }
 
-    /// The learned prefill rate of `backend`: the median of its last windows; before the first
-    /// closes, the tokens over the times to first byte of the requests that were alone there;
-    /// else `(0, 0)`.
+    /// The learned prefill rate of `backend`: the median of its last windows, or `(0, 0)`.
     pub(super) fn rate(&self, backend: u16) -> (u64, u64) {
-        let l = &self.learned[usize::from(backend)];
-        if l.windows.is_empty() {
-            return if l.alone.0 > 0 { (l.alone.0, l.alone.1.max(1)) } else { (0, 0) };
-        }
-        let windows = &l.windows;
+        let windows = &self.learned[usize::from(backend)].windows;
         let last = &windows[windows.len().saturating_sub(estimate::RATE_WINDOWS)..];
         let mut sorted = last.to_vec();
         sorted.sort_by(|&a, &b| rate_order(a, b));
@@ -220,28 +217,45 @@ impl Reference {
 
     /// The fastest learned rate, `(0, 0)` when none is known.
     pub(super) fn fastest(&self) -> (u64, u64) {
-        let mut fastest = (0, 0);
+        self.fastest_backend().map_or((0, 0), |b| self.rate(b))
+    }
+
+    /// The backend of the fastest learned rate, the first of equals.
+    fn fastest_backend(&self) -> Option<u16> {
+        let mut fastest: Option<u16> = None;
         for b in 0..self.p.backends {
             let r = self.rate(b);
-            if r.0 > 0
-                && (fastest.0 == 0
-                    || u128::from(r.0) * u128::from(fastest.1)
-                        > u128::from(fastest.0) * u128::from(r.1))
-            {
-                fastest = r;
+            let faster = |f: u16| {
+                let f = self.rate(f);
+                u128::from(r.0) * u128::from(f.1) > u128::from(f.0) * u128::from(r.1)
+            };
+            if r.0 > 0 && fastest.is_none_or(faster) {
+                fastest = Some(b);
             }
         }
         fastest
     }
 
-    /// The rate `backend`'s backlogs drain at: its own, else the fastest known.
+    /// The tokens over the times to first byte of `backend`'s requests served alone.
+    fn alone_rate(&self, backend: u16) -> (u64, u64) {
+        let (tokens, ticks) = self.learned[usize::from(backend)].alone;
+        if tokens > 0 {
+            (tokens, ticks.max(1))
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// The rate `backend` is taken to clear at: its own; else the fastest's times the ratio of
+    /// their rates served alone, when both have one; else the fastest's.
     pub(super) fn drain_rate(&self, backend: u16) -> (u64, u64) {
         let rate = self.rate(backend);
         if rate.0 > 0 {
-            rate
-        } else {
-            self.fastest()
+            return rate;
         }
+        let Some(f) = self.fastest_backend() else { return (0, 0) };
+        let (of, to) = (self.alone_rate(backend), self.alone_rate(f));
+        estimate::scale_rate(self.rate(f), of, to).unwrap_or(self.rate(f))
     }
 
     /// What a completed request's `usage` teaches: tokens per byte, and what its engine found

@@ -164,7 +164,7 @@ impl Reference {
     /// `work` tokens on `backend` in tokens of the fastest backend's time.
     pub(super) fn at_fastest(&self, work: u64, backend: u16) -> u64 {
         let fastest = self.fastest();
-        let rate = self.rate(backend);
+        let rate = self.drain_rate(backend);
         if rate.0 == 0 || fastest.0 == 0 {
             return work;
         }

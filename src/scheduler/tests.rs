@@ -1054,6 +1054,64 @@ fn matches_reference_model_on_what_is_left_of_a_backlog() {
     }
 }
 
+/// A backend that has closed no rate window is compared with the fastest by the requests each
+/// served alone (`estimate::Learned::drain_rate`), in the reference as in the scheduler. Twenty
+/// prompts at tick 0 split between the backends; backend 0's first bytes come every 1,000 ticks
+/// (a window closes), backend 1's requests are cancelled. Then request 50 is alone on backend 0
+/// (first byte after 500 ticks, and it stays, decoding), 51 alone on backend 1 (after 4,000
+/// ticks): backend 1 is taken to be an eighth as fast as backend 0, and prompt 52 goes to
+/// backend 0 despite the sequence decoding there. Taken to be as fast, backend 1 would get it.
+#[test]
+fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
+    let params =
+        Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
+    let arrive = |at: Tick, id: u64| {
+        let arrival = Arrival {
+            id: RequestId(id),
+            session: None,
+            prompt_bytes: 4096,
+            streaming: true,
+            prompt: crate::ring::prompt_pool::NO_PROMPT,
+            tenant: 0,
+        };
+        (at, Input::Arrive(arrival), (id * 100..id * 100 + 16).collect::<Vec<u64>>())
+    };
+    let step = |at: Tick, input: Input| (at, input, Vec::new());
+    let first_byte = |at: Tick, id: u64| step(at, Input::FirstByte(RequestId(id)));
+    let done = |id: u64| Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE };
+    let mut script: Vec<_> = (1..=20).map(|id| arrive(0, id)).collect();
+    let went = |outputs: &[Output], id: u64| {
+        outputs.iter().find_map(|o| match *o {
+            Output::Admit { id: admitted, backend, .. } if admitted.0 == id => Some(backend),
+            _ => None,
+        })
+    };
+    let split = harness::run_script(&params, &script);
+    let mut served = 0;
+    for id in 1..=20 {
+        if went(&split, id) == Some(0) {
+            served += 1;
+            script.push(first_byte(served * 1000, id));
+            script.push(step(served * 1000, done(id)));
+        } else {
+            script.push(step(1, Input::Cancel(RequestId(id))));
+        }
+    }
+    assert!(served > u64::from(crate::scheduler::estimate::WINDOW_EVENTS), "{served} on 0");
+    script.extend([
+        arrive(100_000, 50),
+        first_byte(100_500, 50),
+        arrive(110_000, 51),
+        first_byte(114_000, 51),
+        step(114_000, done(51)),
+        arrive(120_000, 52),
+    ]);
+    script.sort_by_key(|step| step.0);
+    let outputs = harness::run_script(&params, &script);
+    assert_eq!([went(&outputs, 50), went(&outputs, 51)], [Some(0), Some(1)]);
+    assert_eq!(went(&outputs, 52), Some(0));
+}
+
 /// A fuzzer's find, kept: a request with no prompt blocks after one that found a hot shared
 /// prefix was costed (and counted as a copy) with the earlier request's hot depth, which the
 /// scan's scratch kept.

@@ -979,6 +979,20 @@ fn oldest_waiting_lists_the_longest_waiting_across_lanes() {
     assert_eq!(out[0].arrived_at, h.s.oldest_arrival().unwrap());
 }
 
+/// The arrival of streaming request `id` without a session, a prompt of 4,096 bytes whose 16
+/// blocks are its own (`id * 100` on), for the scripted reference tests.
+fn sixteen_block_prompt(id: u64) -> (Input, Vec<u64>) {
+    let arrival = Arrival {
+        id: RequestId(id),
+        session: None,
+        prompt_bytes: 4096,
+        streaming: true,
+        prompt: crate::ring::prompt_pool::NO_PROMPT,
+        tenant: 0,
+    };
+    (Input::Arrive(arrival), (id * 100..id * 100 + 16).collect())
+}
+
 /// S16's cost counts what is left of a backend's prefill backlog at its learned rate, which the
 /// random inputs above seldom reach (a rate needs eight first bytes in a window on one
 /// backend): a script, against the reference. Thirty prompts at tick 0 and their first bytes
@@ -991,17 +1005,7 @@ fn oldest_waiting_lists_the_longest_waiting_across_lanes() {
 fn matches_reference_model_on_what_is_left_of_a_backlog() {
     let params =
         Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
-    let arrive = |id: u64| {
-        let arrival = Arrival {
-            id: RequestId(id),
-            session: None,
-            prompt_bytes: 4096,
-            streaming: true,
-            prompt: crate::ring::prompt_pool::NO_PROMPT,
-            tenant: 0,
-        };
-        (Input::Arrive(arrival), (id * 100..id * 100 + 16).collect::<Vec<u64>>())
-    };
+    let arrive = sixteen_block_prompt;
     let done = |id: u64| Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE };
     let first_byte = |id: u64| (Input::FirstByte(RequestId(id)), Vec::new());
     let mut script = Vec::new();
@@ -1066,15 +1070,8 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
     let params =
         Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
     let arrive = |at: Tick, id: u64| {
-        let arrival = Arrival {
-            id: RequestId(id),
-            session: None,
-            prompt_bytes: 4096,
-            streaming: true,
-            prompt: crate::ring::prompt_pool::NO_PROMPT,
-            tenant: 0,
-        };
-        (at, Input::Arrive(arrival), (id * 100..id * 100 + 16).collect::<Vec<u64>>())
+        let (input, blocks) = sixteen_block_prompt(id);
+        (at, input, blocks)
     };
     let step = |at: Tick, input: Input| (at, input, Vec::new());
     let first_byte = |at: Tick, id: u64| step(at, Input::FirstByte(RequestId(id)));

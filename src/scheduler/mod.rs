@@ -73,6 +73,8 @@ pub mod harness;
 #[cfg(any(test, fuzzing))]
 pub mod reference;
 #[cfg(test)]
+mod script_tests;
+#[cfg(test)]
 mod tests;
 
 use hashbrown::HashMap;

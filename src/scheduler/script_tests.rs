@@ -1,0 +1,145 @@
+//! Differential tests against the reference on scripts: what random inputs seldom reach (a
+//! learned prefill rate needs eight clean first bytes in one window on one backend), and the
+//! fuzzer's finds worth keeping.
+
+use super::tests::params;
+use super::*;
+
+/// The arrival of streaming request `id` without a session, a prompt of 4,096 bytes whose 16
+/// blocks are its own (`id * 100` on), for the scripted reference tests.
+fn sixteen_block_prompt(id: u64) -> (Input, Vec<u64>) {
+    let arrival = Arrival {
+        id: RequestId(id),
+        session: None,
+        prompt_bytes: 4096,
+        streaming: true,
+        prompt: crate::ring::prompt_pool::NO_PROMPT,
+        tenant: 0,
+    };
+    (Input::Arrive(arrival), (id * 100..id * 100 + 16).collect())
+}
+
+/// S16's cost counts what is left of a backend's prefill backlog at its learned rate, which the
+/// random inputs above seldom reach (a rate needs eight first bytes in a window on one
+/// backend): a script, against the reference. Thirty prompts at tick 0 and their first bytes
+/// one every 1,000 ticks teach both backends a rate (about half a token a tick); then backend 1
+/// takes a prompt at 100,000 and backend 0 one at 103,000 (after one it had ended), and a
+/// prompt at 104,000 goes to backend 1, whose engine began on its backlog earlier (counted
+/// whole, the backlogs tie and the tie goes to backend 0). Then the same with a request that
+/// leaves without a first byte (a cancel): the engine is taken to begin on what is left then.
+#[test]
+fn matches_reference_model_on_what_is_left_of_a_backlog() {
+    let params =
+        Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
+    let arrive = sixteen_block_prompt;
+    let done = |id: u64| Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE };
+    let first_byte = |id: u64| (Input::FirstByte(RequestId(id)), Vec::new());
+    let mut script = Vec::new();
+    for id in 1..=30 {
+        let (input, blocks) = arrive(id);
+        script.push((0, input, blocks));
+    }
+    for id in 1..=30 {
+        let (input, blocks) = first_byte(id);
+        script.push((id * 1000, input, blocks));
+        script.push((id * 1000, done(id), Vec::new()));
+    }
+    // Backend 0's earlier prefill ends with its first byte; backend 1's began at 100,000.
+    let round = [
+        (100_000, arrive(100)),
+        (100_000, arrive(101)),
+        (101_000, first_byte(100)),
+        (101_000, (done(100), Vec::new())),
+        (103_000, arrive(102)),
+        (104_000, arrive(103)),
+    ];
+    script.extend(round.into_iter().map(|(at, (input, blocks))| (at, input, blocks)));
+    // Backend 0 takes two prefills, the first of which is cancelled: its engine is taken to
+    // begin on the other then, 200 ticks after backend 1 began on its own.
+    let round = [
+        (200_000, arrive(110)),
+        (200_000, arrive(111)),
+        (200_100, arrive(112)),
+        (200_200, (Input::Cancel(RequestId(110)), Vec::new())),
+        (201_000, arrive(113)),
+    ];
+    script.extend(round.into_iter().map(|(at, (input, blocks))| (at, input, blocks)));
+    for (at, ids) in [(150_000, [101, 102, 103]), (250_000, [111, 112, 113])] {
+        for id in ids {
+            script.push((at, first_byte(id).0, Vec::new()));
+            script.push((at, done(id), Vec::new()));
+        }
+    }
+    script.sort_by_key(|step| step.0);
+    let outputs = harness::run_script(&params, &script);
+    let went = |id: u64| {
+        outputs.iter().find_map(|o| match *o {
+            Output::Admit { id: admitted, backend, .. } if admitted.0 == id => Some(backend),
+            _ => None,
+        })
+    };
+    for id in [100, 110] {
+        let placed = [went(id), went(id + 1), went(id + 2), went(id + 3)];
+        assert_eq!(placed, [Some(0), Some(1), Some(0), Some(1)], "round of {id}");
+    }
+}
+
+/// A backend that has closed no rate window is compared with the fastest by the requests each
+/// served alone (`estimate::Learned::drain_rate`), in the reference as in the scheduler. Twenty
+/// prompts at tick 0 split between the backends; backend 0's first bytes come every 1,000 ticks
+/// (a window closes), backend 1's requests are cancelled. Then request 50 is alone on backend 0
+/// (first byte after 500 ticks, and it stays, decoding), 51 alone on backend 1 (after 4,000
+/// ticks): backend 1 is taken to be an eighth as fast as backend 0, and prompt 52 goes to
+/// backend 0 despite the sequence decoding there. Taken to be as fast, backend 1 would get it.
+#[test]
+fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
+    let params =
+        Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
+    let arrive = |at: Tick, id: u64| {
+        let (input, blocks) = sixteen_block_prompt(id);
+        (at, input, blocks)
+    };
+    let step = |at: Tick, input: Input| (at, input, Vec::new());
+    let first_byte = |at: Tick, id: u64| step(at, Input::FirstByte(RequestId(id)));
+    let done = |id: u64| Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE };
+    let mut script: Vec<_> = (1..=20).map(|id| arrive(0, id)).collect();
+    let went = |outputs: &[Output], id: u64| {
+        outputs.iter().find_map(|o| match *o {
+            Output::Admit { id: admitted, backend, .. } if admitted.0 == id => Some(backend),
+            _ => None,
+        })
+    };
+    let split = harness::run_script(&params, &script);
+    let mut served = 0;
+    for id in 1..=20 {
+        if went(&split, id) == Some(0) {
+            served += 1;
+            script.push(first_byte(served * 1000, id));
+            script.push(step(served * 1000, done(id)));
+        } else {
+            script.push(step(1, Input::Cancel(RequestId(id))));
+        }
+    }
+    assert!(served > u64::from(crate::scheduler::estimate::WINDOW_EVENTS), "{served} on 0");
+    script.extend([
+        arrive(100_000, 50),
+        first_byte(100_500, 50),
+        arrive(110_000, 51),
+        first_byte(114_000, 51),
+        step(114_000, done(51)),
+        arrive(120_000, 52),
+    ]);
+    script.sort_by_key(|step| step.0);
+    let outputs = harness::run_script(&params, &script);
+    assert_eq!([went(&outputs, 50), went(&outputs, 51)], [Some(0), Some(1)]);
+    assert_eq!(went(&outputs, 52), Some(0));
+}
+
+/// A fuzzer's find, kept: a request with no prompt blocks after one that found a hot shared
+/// prefix was costed (and counted as a copy) with the earlier request's hot depth, which the
+/// scan's scratch kept.
+#[test]
+fn matches_reference_model_on_a_stale_hot_prefix() {
+    let data = std::fs::read("fuzz/corpus/scheduler_model/seed-stale-hot-prefix").expect("seed");
+    harness::run(&data);
+}

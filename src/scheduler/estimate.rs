@@ -215,7 +215,7 @@ pub struct Prefill {
     /// Closed windows.
     windows: RateWindows,
     /// Estimated tokens and ticks (admission to first byte) of the first bytes of requests that
-    /// had their backend's prefill to themselves: the provisional rate until a window closes.
+    /// had their backend's prefill to themselves ([`Prefill::alone_rate`]).
     alone: (u64, u64),
     /// The median of `windows`: the rate is `rate.0 / rate.1` tokens per tick; `(0, 0)`
     /// until the first window closes.

@@ -19,7 +19,7 @@ pub(super) struct Learned {
     /// Every closed window, oldest first.
     pub(super) windows: Vec<(u64, u64)>,
     /// Tokens and times to first byte of the requests that had the backend's prefill to
-    /// themselves, before any window closed.
+    /// themselves, halved past `estimate::ALONE_HORIZON` ticks.
     pub(super) alone: (u64, u64),
     /// The learned prefill budget (in effect under `auto`: [`Reference::budget`]).
     pub(super) budget: u64,

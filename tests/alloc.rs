@@ -86,7 +86,8 @@ impl Driver {
                 1 => Input::Complete { id: RequestId(id), success: false, usage: Usage::NONE },
                 // The response's usage teaches tokens per byte and the engine's cache hits.
                 _ => {
-                    let usage = Usage { prompt_tokens: 280, cached_tokens: 100 };
+                    let usage =
+                        Usage { prompt_tokens: 280, cached_tokens: 100, completion_tokens: 60 };
                     Input::Complete { id: RequestId(id), success: true, usage }
                 }
             };

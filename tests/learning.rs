@@ -7,6 +7,7 @@
 //! - each backend's prefill rate within ±20 % of its profile's true rate after 30 s of engine
 //!   time (the sims run 5x faster than real time, so 6 s of real time);
 //! - each backend's KV capacity as its engine exports it;
+//! - each backend's decode speed, at least a step per token, the L4's over twice the H100's;
 //! - the admission budget opened wider on the engine that can run more of these requests at
 //!   once: 12,000-word prompts decoding 100 tokens fill the L4's KV cache with about nine of
 //!   them, so requests wait inside it and its budget closes, while the H100's holds about
@@ -124,8 +125,16 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
         let weight = learned(i)["decode_weight_tokens"].as_f64().expect("a decode weight");
         let expected = 125.0 + 2000.0 * pressure * pressure;
         assert!((weight - expected).abs() <= 1.0, "{name}: {weight} for {pressure}");
+        // A decoded token takes at least an engine step (the streams' events, counted when the
+        // client asks for no usage, are a little more than its tokens).
+        let gap = learned(i)["decode_ms_per_token"].as_f64().expect("a decode gap");
+        let step_ms = params.step_base_ns as f64 / 1e6 / TIME_SCALE;
+        assert!(gap >= 0.9 * step_ms, "{name}: {gap} ms per token, a step is {step_ms} ms");
+        assert!(learned(i)["expected_output_tokens"].is_null(), "no whole response was asked");
         println!("{name}: learned {rate:.0} tokens/s, true {truth:.0}; {}", learned(i));
     }
+    let gap = |i: usize| learned(i)["decode_ms_per_token"].as_f64().expect("a decode gap");
+    assert!(gap(1) > 2.0 * gap(0), "the L4 decodes slower: {} and {} ms", gap(0), gap(1));
     assert!(samples.len() >= 10, "budget samples: {samples:?}");
     let settled = &samples[samples.len() / 2..];
     let median = |i: usize| {

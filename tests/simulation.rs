@@ -242,7 +242,8 @@ impl Sim {
                     self.requests.get_mut(&id).expect("known").state = State::Queued;
                     self.input(Input::Retry(RequestId(id)));
                 } else {
-                    let usage = Usage { prompt_tokens: 100, cached_tokens: 30 };
+                    let usage =
+                        Usage { prompt_tokens: 100, cached_tokens: 30, completion_tokens: 40 };
                     self.input(Input::Complete { id: RequestId(id), success: kind == 0, usage });
                     self.finish(id);
                 }

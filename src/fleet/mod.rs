@@ -616,6 +616,7 @@ impl<'a> Fleet<'a> {
                     req.usage = Usage {
                         prompt_tokens: usage.prompt_tokens,
                         cached_tokens: usage.cached_tokens,
+                        completion_tokens: usage.completion_tokens,
                     };
                     self.push(self.now + self.spec.net_ns, Event::Done(id as u32));
                 }

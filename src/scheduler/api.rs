@@ -91,20 +91,24 @@ pub struct Arrival {
 // The tenant fits in what was padding: an arrival stays 40 bytes on the inbox ring.
 const _: () = assert!(std::mem::size_of::<Arrival>() == 40);
 
-/// What a response's `usage` object said about its prompt.
+/// What a response's `usage` object said about its prompt and its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     /// `usage.prompt_tokens`; 0 when absent.
     pub prompt_tokens: u32,
     /// `usage.prompt_tokens_details.cached_tokens`; [`Usage::UNKNOWN_CACHED`] when absent.
     pub cached_tokens: u32,
+    /// `usage.completion_tokens`, or for a stream without `usage` the count of its events; 0
+    /// when neither was seen.
+    pub completion_tokens: u32,
 }
 
 impl Usage {
     /// `cached_tokens` when the response did not say.
     pub const UNKNOWN_CACHED: u32 = u32::MAX;
     /// A response without `usage`.
-    pub const NONE: Usage = Usage { prompt_tokens: 0, cached_tokens: Usage::UNKNOWN_CACHED };
+    pub const NONE: Usage =
+        Usage { prompt_tokens: 0, cached_tokens: Usage::UNKNOWN_CACHED, completion_tokens: 0 };
 }
 
 /// One event for the scheduler.

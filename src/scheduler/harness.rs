@@ -291,7 +291,9 @@ fn decode_input(
                 2 => prompt_tokens / 2,
                 _ => prompt_tokens,
             };
-            Input::Complete { id, success, usage: Usage { prompt_tokens, cached_tokens: cached } }
+            let completion_tokens = [0, 1, 30, 500][bytes.below(4) as usize];
+            let usage = Usage { prompt_tokens, cached_tokens: cached, completion_tokens };
+            Input::Complete { id, success, usage }
         }
         10 => Input::Retry(live.pick(bytes, true)),
         11 | 12 => {

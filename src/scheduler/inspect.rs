@@ -175,6 +175,8 @@ impl Scheduler {
             kv_pressure_micro: cache.kv_pressure_micro,
             kv_pressure_at: cache.kv_pressure_at,
             decode_weight: super::placement::decode_weight(cache.kv_pressure_micro),
+            decode_gap: self.learned.decode[b].gap,
+            expected_output: self.learned.output.mean(),
             index_capacity: self
                 .prefix
                 .as_ref()

@@ -520,6 +520,8 @@ impl Scheduler {
         let admitted_at = self.learned.admission[index as usize];
         let alone = backend.prefill_pending == 0;
         self.learned.prefill[b].first_byte(now, admitted_at, tokens, alone);
+        // From here the request's end measures its backend's decode speed.
+        self.learned.admission[index as usize] = now;
     }
 
     fn complete(&mut self, now: Tick, id: RequestId, success: bool, usage: Usage) {
@@ -529,6 +531,9 @@ impl Scheduler {
         };
         let entry = *self.queue.get(index);
         self.learn_usage(now, &entry, usage);
+        if success {
+            self.learn_output(now, index, &entry, usage.completion_tokens);
+        }
         self.release_slot(now, index, true);
         if success && matches!(entry.identity, Identity::Derived | Identity::Fresh) {
             self.record_end(index, entry.session);
@@ -890,6 +895,20 @@ impl Scheduler {
             if cache.calibrate(now) {
                 self.resize_index(entry.backend);
             }
+        }
+    }
+
+    /// What a successful response's output of `tokens` teaches: a streamed one that had its
+    /// first byte, its backend's decode speed; any other, the model's expected output.
+    fn learn_output(&mut self, now: Tick, index: u32, entry: &Entry, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        if !entry.streaming {
+            self.learned.output.observe(tokens);
+        } else if !entry.prefill_pending {
+            let span = now.saturating_sub(self.learned.admission[index as usize]);
+            self.learned.decode[usize::from(entry.backend)].observe(tokens - 1, span);
         }
     }
 

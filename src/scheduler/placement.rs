@@ -14,7 +14,12 @@
 //!   the first token its client waits for comes after it (a non-streaming request's client
 //!   waits for the whole response, which the decoding count below weighs);
 //! - its [`decode_weight`] in tokens per sequence the backend is decoding (more as its KV
-//!   cache runs fuller).
+//!   cache runs fuller);
+//! - for a non-streaming request, whose client waits for the whole response, the time its
+//!   expected output would take to decode there beyond what it would on the backend of the
+//!   least decode gap, counting only the part of the backend's gap more than
+//!   [`GAP_TOLERANCE_PERCENT`] above that least (`estimate::Decode`), added in the fastest
+//!   backend's time after the rest is.
 //!
 //! An admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
 //! boosted by completion time, normal; normal before boosted when S5's streak bound is due)
@@ -58,7 +63,7 @@ use crate::clock::Tick;
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::wheel::TimerKey;
 
-use super::estimate::{cleared, TokenRate};
+use super::estimate::{cleared, TokenRate, GAP_SCALE, GAP_TOLERANCE_PERCENT};
 use super::prefix::PrefixIndex;
 use super::queue::NO_BACKEND;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};
@@ -504,6 +509,8 @@ impl Scheduler {
         let fastest = self.learned.fastest_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
+        // A whole response's client waits for its decode too, at its backend's speed.
+        let tolerated = if streaming { 0 } else { tolerated_gap(self.least_gap()) };
         let rank = |b: usize| {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
@@ -520,7 +527,10 @@ impl Scheduler {
                 + self.cache_cost(b).saturating_sub(everywhere)
                 + JOIN_WEIGHT * pending * self.uncached(b)
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
-            (at_rate(work, rate, fastest), backend.inflight)
+            let gap = self.learned.decode[b].gap;
+            let slower = if tolerated == 0 { 0 } else { gap.saturating_sub(tolerated) };
+            let decode = decode_delay(self.learned.output.mean(), slower, fastest);
+            (at_rate(work, rate, fastest).saturating_add(decode), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {
             let mut best: Option<(usize, (u64, u32))> = None;
@@ -538,6 +548,12 @@ impl Scheduler {
         let cheapest = pick(&|b| usable(b) && not_avoided(b)).or_else(|| pick(&usable))?;
         let best = pick(&|b| eligible(b) && not_avoided(b)).or_else(|| pick(&eligible))?;
         Some((cheapest, best))
+    }
+
+    /// The least decode gap learned among the usable backends; 0 when none has one.
+    fn least_gap(&self) -> u64 {
+        let usable = self.backends.iter().zip(&self.learned.decode).filter(|(b, _)| b.usable());
+        usable.map(|(_, d)| d.gap).filter(|&gap| gap > 0).min().unwrap_or(0)
     }
 
     /// The scan's candidates, at most `placement_scan_max`: the retry lane, then the tenants
@@ -612,6 +628,24 @@ impl Scheduler {
 fn remaining_backlog(backend: &super::policy::Backend, rate: (u64, u64), now: Tick) -> u64 {
     let elapsed = now.saturating_sub(backend.prefill_since);
     backend.prefill_tokens.saturating_sub(cleared(elapsed, rate))
+}
+
+/// The gap up to which a backend's decode does not count: [`GAP_TOLERANCE_PERCENT`] above the
+/// `least` (0 when no gap is known).
+fn tolerated_gap(least: u64) -> u64 {
+    least.saturating_add(least / 100 * GAP_TOLERANCE_PERCENT)
+}
+
+/// What decoding `output` tokens at a gap `slower` (`1 / GAP_SCALE` ticks per token) more than
+/// the least adds to a whole response's wait, in tokens of the `fastest` backend's prefill
+/// time; 0 while that rate is unknown.
+fn decode_delay(output: u64, slower: u64, fastest: (u64, u64)) -> u64 {
+    if output == 0 || slower == 0 || fastest.0 == 0 {
+        return 0;
+    }
+    let tokens = u128::from(output) * u128::from(slower) * u128::from(fastest.0)
+        / (u128::from(GAP_SCALE) * u128::from(fastest.1));
+    u64::try_from(tokens).unwrap_or(u64::MAX)
 }
 
 /// The estimated tokens of `blocks` prompt blocks of `block_bytes` each, at `rate`.

@@ -88,6 +88,8 @@ struct Admitted {
     /// Tokens counted in the backend's prefill backlog while pending.
     backlog: u32,
     admitted_at: Tick,
+    /// When its first byte arrived (a streaming request's; 0 before).
+    first_byte_at: Tick,
     /// A non-streaming request's place in its backend's [`Unstreamed`] order: where its tokens
     /// end.
     place: u64,
@@ -165,6 +167,8 @@ pub struct Reference {
     next_blocks: Vec<u64>,
     /// Tokens per byte as (tokens, bytes, samples).
     tokens: (u64, u64, u64),
+    /// The output tokens of non-streaming responses and their count.
+    output: (u64, u64),
     learned: Vec<Learned>,
     /// Each index's capacity, blocks.
     index_capacity: Vec<usize>,
@@ -198,6 +202,7 @@ impl Reference {
             placement_deadline: None,
             next_blocks: Vec::new(),
             tokens: (1, 4, 0),
+            output: (0, 0),
             index_capacity: vec![
                 params.prefix.index_blocks.initial() as usize;
                 usize::from(params.backends)
@@ -520,6 +525,7 @@ impl Reference {
         if !success {
             return;
         }
+        self.learn_output(now, &done, usage.completion_tokens);
         self.backends[usize::from(backend)].failures = 0;
         let Some(session) = done.request.session else { return };
         self.tracker.complete(session, now, backend);
@@ -819,6 +825,7 @@ impl Reference {
             prefill_pending,
             backlog,
             admitted_at: now,
+            first_byte_at: 0,
             place,
         });
         if prefill_pending {

@@ -135,6 +135,72 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
     assert_eq!(went(&outputs, 52), Some(0));
 }
 
+/// A non-streaming request's cost counts its expected output at its backend's decode gap beyond
+/// the tolerance above the least (`estimate::Decode`), in the reference as in the scheduler.
+/// Thirty streaming prompts teach both backends a prefill rate, as above, and each response
+/// decodes 100 tokens after its first, at 10 ticks a token on backend 0 and 100 on backend 1
+/// (a window or more on each); a non-streaming response of 200 tokens sets the expected
+/// output. A streaming request then decodes on backend 0; a non-streaming prompt goes there
+/// too, since decoding its 200 tokens on backend 1 would take 16,000 ticks longer than the
+/// tolerance allows, and a streaming prompt after it goes to backend 1, whose decode its client
+/// does not wait for. At 14 ticks a token on backend 1, within the tolerance, the non-streaming
+/// prompt goes to backend 1 as well.
+#[test]
+fn matches_reference_model_on_a_backend_that_decodes_slower() {
+    let outputs = slower_decode_script(100);
+    assert_eq!(went(&outputs, 103), Some(0), "both idle: the lower index");
+    assert_eq!(went(&outputs, 104), Some(0), "a whole response waits for its decode");
+    assert_eq!(went(&outputs, 105), Some(1), "a stream's client waits for its first token");
+    let outputs = slower_decode_script(14);
+    assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "tolerated");
+}
+
+/// The backend `Output::Admit` sent request `id` to.
+fn went(outputs: &[Output], id: u64) -> Option<u16> {
+    outputs.iter().find_map(|o| match *o {
+        Output::Admit { id: admitted, backend, .. } if admitted.0 == id => Some(backend),
+        _ => None,
+    })
+}
+
+/// The script of [`matches_reference_model_on_a_backend_that_decodes_slower`], backend 1
+/// decoding at `slow_gap` ticks a token, run against the reference.
+fn slower_decode_script(slow_gap: u64) -> Vec<Output> {
+    let params =
+        Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
+    let arrive = |at: Tick, id: u64, streaming: bool| {
+        let (mut input, blocks) = sixteen_block_prompt(id);
+        if let Input::Arrive(arrival) = &mut input {
+            arrival.streaming = streaming;
+        }
+        (at, input, blocks)
+    };
+    let step = |at: Tick, input: Input| (at, input, Vec::new());
+    let first_byte = |at: Tick, id: u64| step(at, Input::FirstByte(RequestId(id)));
+    let done = |at: Tick, id: u64, completion_tokens: u32| {
+        let usage = Usage { completion_tokens, ..Usage::NONE };
+        step(at, Input::Complete { id: RequestId(id), success: true, usage })
+    };
+    let mut script: Vec<_> = (1..=30).map(|id| arrive(0, id, true)).collect();
+    let placed = harness::run_script(&params, &script);
+    let on_0 = (1..=30).filter(|&id| went(&placed, id) == Some(0)).count();
+    let window = estimate::DECODE_WINDOW_RESPONSES as usize;
+    assert!(on_0 >= window && 30 - on_0 >= window, "{on_0} of 30 on backend 0");
+    for id in 1..=30 {
+        let gap = if went(&placed, id) == Some(0) { 10 } else { slow_gap };
+        script.extend([first_byte(id * 1000, id), done(id * 1000 + 100 * gap, id, 101)]);
+    }
+    script.extend([
+        arrive(120_000, 102, false),
+        done(130_000, 102, 200),
+        arrive(140_000, 103, true),
+        first_byte(140_500, 103),
+        arrive(150_000, 104, false),
+        arrive(150_000, 105, true),
+    ]);
+    harness::run_script(&params, &script)
+}
+
 /// A fuzzer's find, kept: a request with no prompt blocks after one that found a hot shared
 /// prefix was costed (and counted as a copy) with the earlier request's hot depth, which the
 /// scan's scratch kept.

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::clock::{Tick, TickRate};
 use crate::config::{QueueConfig, Setting};
-use crate::scheduler::estimate::{BackendEstimates, TokenRate};
+use crate::scheduler::estimate::{BackendEstimates, TokenRate, GAP_SCALE};
 use crate::scheduler::Lane;
 
 use super::exposition::{hit_ratios, reports};
@@ -398,6 +398,8 @@ fn learned_json(
     let per_second = rate.ticks_per_ns() * 1e9;
     let prefill = (e.rate.0 > 0).then(|| e.rate.0 as f64 / e.rate.1 as f64 * per_second);
     let [(_, predicted), (_, engine)] = hit_ratios(e);
+    let gap_ns = e.decode_gap as f64 / GAP_SCALE as f64 / rate.ticks_per_ns();
+    let decode_ms = (e.decode_gap > 0).then_some(gap_ns / 1e6);
     let ratio_at = if e.hit_ratio_at > 0 { e.hit_ratio_at } else { e.counter_at };
     serde_json::json!({
         "prefill_tokens_per_second": prefill,
@@ -413,6 +415,8 @@ fn learned_json(
         "kv_pressure": (e.kv_pressure_at > 0).then(|| e.kv_pressure_micro as f64 / 1e6),
         "kv_pressure_age_ms": age(e.kv_pressure_at, e.kv_pressure_at > 0),
         "decode_weight_tokens": e.decode_weight,
+        "decode_ms_per_token": decode_ms,
+        "expected_output_tokens": (e.expected_output > 0).then_some(e.expected_output),
         "engine_restarts": e.restarts,
         "engine_restart_age_ms": age(e.restarted_at, e.restarts > 0),
         "tokens_per_byte": tokens.per_byte_micro() as f64 / 1e6,

@@ -38,6 +38,9 @@ pub(super) struct Learned {
     /// The KV usage averaged over the scrapes, millionths: each moves it a
     /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
     pub(super) pressure: u64,
+    /// Output tokens after the first and ticks from first byte to end of each of its streaming
+    /// responses, oldest first.
+    pub(super) decode: Vec<(u64, u64)>,
 }
 
 impl Learned {
@@ -74,6 +77,7 @@ impl Learned {
             restarts: 0,
             restarted_at: 0,
             pressure: 0,
+            decode: Vec::new(),
         }
     }
 }
@@ -113,6 +117,7 @@ impl Reference {
             }
         }
         l.last_first_byte = now;
+        self.admitted[index].first_byte_at = now;
     }
 
     /// The learned prefill rate of `backend`: the median of its last windows, or `(0, 0)`.
@@ -256,6 +261,46 @@ impl Reference {
         let Some(f) = self.fastest_backend() else { return (0, 0) };
         let (of, to) = (self.alone_rate(backend), self.alone_rate(f));
         estimate::scale_rate(self.rate(f), of, to).unwrap_or(self.rate(f))
+    }
+
+    /// What a successful response's output tokens teach: a streamed one that had its first
+    /// byte, its backend's decode speed; a non-streaming one, the model's expected output.
+    pub(super) fn learn_output(&mut self, now: Tick, done: &Admitted, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        if !done.request.streaming {
+            self.output = (self.output.0 + u64::from(tokens), self.output.1 + 1);
+            if self.output.1 > estimate::OUTPUT_HORIZON {
+                self.output = (self.output.0 / 2, self.output.1 / 2);
+            }
+        } else if !done.prefill_pending && tokens > 1 {
+            let span = now - done.first_byte_at;
+            self.learned[usize::from(done.backend)].decode.push((u64::from(tokens - 1), span));
+        }
+    }
+
+    /// `backend`'s ticks per output token in `1 / estimate::GAP_SCALE`: of its streaming
+    /// responses in windows of `estimate::DECODE_WINDOW_RESPONSES`, each window's tokens over
+    /// its ticks, the least of the last `estimate::DECODE_WINDOWS` windows; 0 before the first.
+    pub(super) fn gap(&self, backend: u16) -> u64 {
+        let responses = &self.learned[usize::from(backend)].decode;
+        let windows: Vec<u64> = responses
+            .chunks_exact(estimate::DECODE_WINDOW_RESPONSES as usize)
+            .map(|window| {
+                let tokens: u64 = window.iter().map(|r| r.0).sum();
+                let ticks = window.iter().fold(0u64, |sum, r| sum.saturating_add(r.1));
+                let gap = u128::from(ticks) * u128::from(estimate::GAP_SCALE) / u128::from(tokens);
+                u64::try_from(gap).unwrap_or(u64::MAX).max(1)
+            })
+            .collect();
+        let last = &windows[windows.len().saturating_sub(estimate::DECODE_WINDOWS)..];
+        last.iter().copied().min().unwrap_or(0)
+    }
+
+    /// The mean output tokens of the model's non-streaming responses; 0 before the first.
+    pub(super) fn expected_output(&self) -> u64 {
+        self.output.0.checked_div(self.output.1).unwrap_or(0)
     }
 
     /// What a completed request's `usage` teaches: tokens per byte, and what its engine found

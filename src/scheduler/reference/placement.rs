@@ -158,7 +158,27 @@ impl Reference {
             0
         };
         let work = self.remaining(backend, now) + unstreamed + cached + joined + weight * on(false);
-        self.at_fastest(work, backend)
+        let decode = if request.streaming { 0 } else { self.decode_delay(backend) };
+        self.at_fastest(work, backend).saturating_add(decode)
+    }
+
+    /// A whole response's client waits for its decode too: the expected output at `backend`'s
+    /// gap beyond the least gap of the usable backends and the tolerance above it, in the
+    /// fastest backend's prefill time.
+    fn decode_delay(&self, backend: u16) -> u64 {
+        let usable = (0..self.p.backends).filter(|&b| self.usable(b));
+        let Some(least) = usable.map(|b| self.gap(b)).filter(|&gap| gap > 0).min() else {
+            return 0;
+        };
+        let fastest = self.fastest();
+        if fastest.0 == 0 {
+            return 0;
+        }
+        let tolerated = least + least / 100 * estimate::GAP_TOLERANCE_PERCENT;
+        let slower = self.gap(backend).saturating_sub(tolerated);
+        let delay = u128::from(self.expected_output()) * u128::from(slower) * u128::from(fastest.0)
+            / (u128::from(estimate::GAP_SCALE) * u128::from(fastest.1));
+        u64::try_from(delay).unwrap_or(u64::MAX)
     }
 
     /// `work` tokens on `backend` in tokens of the fastest backend's time.

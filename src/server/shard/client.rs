@@ -426,9 +426,11 @@ impl Clients {
         if let (Some(_), Some(model)) = (req.admission, req.model) {
             let success = req.complete == Some(true);
             let seen = req.usage.usage();
+            let events = if req.streaming { req.usage.events() } else { 0 };
             let usage = Usage {
                 prompt_tokens: seen.prompt_tokens.unwrap_or(0),
                 cached_tokens: seen.cached_tokens.unwrap_or(Usage::UNKNOWN_CACHED),
+                completion_tokens: seen.completion_tokens.unwrap_or(events),
             };
             cx.send(model, Input::Complete { id: req.id, success, usage });
         }

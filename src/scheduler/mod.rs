@@ -899,7 +899,8 @@ impl Scheduler {
     }
 
     /// What a successful response's output of `tokens` teaches: a streamed one that had its
-    /// first byte, its backend's decode speed; any other, the model's expected output.
+    /// first byte, its backend's decode speed; a non-streaming one, the model's expected
+    /// output.
     fn learn_output(&mut self, now: Tick, index: u32, entry: &Entry, tokens: u32) {
         if tokens == 0 {
             return;

@@ -511,6 +511,7 @@ impl Scheduler {
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
         // A whole response's client waits for its decode too, at its backend's speed.
         let tolerated = if streaming { 0 } else { tolerated_gap(self.least_gap()) };
+        let output = self.learned.output.mean();
         let rank = |b: usize| {
             let backend = &self.backends[b];
             let pending = u64::from(backend.prefill_pending);
@@ -529,7 +530,7 @@ impl Scheduler {
                 + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
             let gap = self.learned.decode[b].gap;
             let slower = if tolerated == 0 { 0 } else { gap.saturating_sub(tolerated) };
-            let decode = decode_delay(self.learned.output.mean(), slower, fastest);
+            let decode = decode_delay(output, slower, fastest);
             (at_rate(work, rate, fastest).saturating_add(decode), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {

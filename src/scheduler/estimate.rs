@@ -74,15 +74,17 @@
 //! and the backend's *gap* is the least of its last [`DECODE_WINDOWS`] samples. A step holds
 //! the prefill chunks and the other sequences of its batch, so a sample is the engine's speed
 //! as loaded then; the least of the recent ones is its speed at its lightest recent load,
-//! which engines of one kind share (the sums over all responses, tried first, made twin H100s
-//! differ by more than half whenever one had run the longer prompts). Each non-streaming
-//! response adds its `completion_tokens` to the model's output-length sums, halved past
-//! [`OUTPUT_HORIZON`] responses; their ratio is the output a non-streaming request is expected
-//! to have. S16's cost for a non-streaming request adds, on each backend, the expected output
-//! times the backend's gap beyond [`GAP_TOLERANCE_PERCENT`] above the least gap of the usable
-//! backends (`placement`). A fleet whose clients never stream learns no gap (a whole
-//! response's time holds its queueing and prefill too), and its placement weighs none, as
-//! before.
+//! nearer what engines of one kind share. (Sums over all responses, tried first, are the speed
+//! as loaded on average: in the fleet lab they moved the placements of two equal H100s on
+//! RAGPulse at 0.9, streaming clients' first-turn p50 1.11x `cache_aware`'s to 1.23x, and cost
+//! a mixed fleet's streaming clients more; `perf/RESULTS.md`, sixteenth session.) Each
+//! non-streaming response adds its `completion_tokens` to the model's output-length sums,
+//! halved past [`OUTPUT_HORIZON`] responses; their ratio is the output a non-streaming request
+//! is expected to have. S16's cost for a non-streaming request adds, on each backend, the
+//! expected output times the backend's gap beyond [`GAP_TOLERANCE_PERCENT`] above the least
+//! gap of the usable backends (`placement`). A fleet whose clients never stream learns no gap
+//! (a whole response's time holds its queueing and prefill too), and its placement weighs none,
+//! as before.
 //!
 //! ## The admission budget ([`Prefill::budget`], per backend)
 //!
@@ -162,7 +164,8 @@ pub const GAP_SCALE: u64 = 1 << 10;
 /// with a prefill chunk in it is long), and the sharper the tolerance, the more often engines
 /// of one kind differ past it by load alone. Chosen by measurement in the fleet lab
 /// (`perf/RESULTS.md`, sixteenth session): at 50 % the gap moved placements on two equal
-/// engines in 34 of 108 runs, at 100 % in 16, with the gains on an H100 beside an L4 kept.
+/// engines in 34 of 108 runs, at 100 % in 16 (each within the runs' spread), with the gains on
+/// an H100 beside an L4 kept.
 pub const GAP_TOLERANCE_PERCENT: u64 = 100;
 /// Once the output-length sums count this many responses, both halve ([`OutputLength`]).
 pub const OUTPUT_HORIZON: u64 = 1 << 10;

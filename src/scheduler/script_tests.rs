@@ -140,19 +140,24 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
 /// Thirty streaming prompts teach both backends a prefill rate, as above, and each response
 /// decodes 100 tokens after its first, at 10 ticks a token on backend 0 and 100 on backend 1
 /// (a window or more on each); a non-streaming response of 200 tokens sets the expected
-/// output. A streaming request then decodes on backend 0; a non-streaming prompt goes there
-/// too, since decoding its 200 tokens on backend 1 would take 16,000 ticks longer than the
-/// tolerance allows, and a streaming prompt after it goes to backend 1, whose decode its client
-/// does not wait for. At 14 ticks a token on backend 1, within the tolerance, the non-streaming
-/// prompt goes to backend 1 as well.
+/// output. Then a streaming prompt goes to backend 0 (both idle: the lower index), and a
+/// non-streaming prompt goes there too, behind its prefill, since decoding its 200 tokens on
+/// backend 1 would take 16,000 ticks longer than the tolerance allows; a streaming prompt
+/// after it goes to backend 1, whose decode its client does not wait for. At 30 ticks a token
+/// on backend 1, of which only the 10 beyond twice the least count (2,000 ticks for 200
+/// tokens; the 20 beyond the least, 4,000, would tip it), the non-streaming prompt goes to
+/// backend 1. When backend 1's responses teach no gap (no output tokens), its decode counts
+/// nothing, and the prompt goes to backend 1.
 #[test]
 fn matches_reference_model_on_a_backend_that_decodes_slower() {
-    let outputs = slower_decode_script(100);
+    let outputs = slower_decode_script(Some(100));
     assert_eq!(went(&outputs, 103), Some(0), "both idle: the lower index");
     assert_eq!(went(&outputs, 104), Some(0), "a whole response waits for its decode");
     assert_eq!(went(&outputs, 105), Some(1), "a stream's client waits for its first token");
-    let outputs = slower_decode_script(14);
+    let outputs = slower_decode_script(Some(30));
     assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "tolerated");
+    let outputs = slower_decode_script(None);
+    assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "no gap");
 }
 
 /// The backend `Output::Admit` sent request `id` to.
@@ -164,8 +169,9 @@ fn went(outputs: &[Output], id: u64) -> Option<u16> {
 }
 
 /// The script of [`matches_reference_model_on_a_backend_that_decodes_slower`], backend 1
-/// decoding at `slow_gap` ticks a token, run against the reference.
-fn slower_decode_script(slow_gap: u64) -> Vec<Output> {
+/// decoding at `slow_gap` ticks a token (`None`: its responses carry no output tokens), run
+/// against the reference.
+fn slower_decode_script(slow_gap: Option<u64>) -> Vec<Output> {
     let params =
         Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
     let arrive = |at: Tick, id: u64, streaming: bool| {
@@ -186,18 +192,26 @@ fn slower_decode_script(slow_gap: u64) -> Vec<Output> {
     let on_0 = (1..=30).filter(|&id| went(&placed, id) == Some(0)).count();
     let window = estimate::DECODE_WINDOW_RESPONSES as usize;
     assert!(on_0 >= window && 30 - on_0 >= window, "{on_0} of 30 on backend 0");
+    let mut served = [0, 0];
     for id in 1..=30 {
-        let gap = if went(&placed, id) == Some(0) { 10 } else { slow_gap };
-        script.extend([first_byte(id * 1000, id), done(id * 1000 + 100 * gap, id, 101)]);
+        let on_1 = went(&placed, id) == Some(1);
+        served[usize::from(on_1)] += 1;
+        let at = served[usize::from(on_1)] * 1000;
+        let (gap, tokens) = match (on_1, slow_gap) {
+            (false, _) => (10, 101),
+            (true, Some(gap)) => (gap, 101),
+            (true, None) => (10, 0),
+        };
+        script.extend([first_byte(at, id), done(at + 100 * gap, id, tokens)]);
     }
     script.extend([
         arrive(120_000, 102, false),
         done(130_000, 102, 200),
         arrive(140_000, 103, true),
-        first_byte(140_500, 103),
-        arrive(150_000, 104, false),
-        arrive(150_000, 105, true),
+        arrive(140_000, 104, false),
+        arrive(140_000, 105, true),
     ]);
+    script.sort_by_key(|step| step.0);
     harness::run_script(&params, &script)
 }
 

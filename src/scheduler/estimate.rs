@@ -698,8 +698,9 @@ pub struct BackendEstimates {
     pub kv_pressure_at: Tick,
     pub decode_weight: u64,
     /// Its decode gap ([`Decode::gap`]: ticks per output token of one sequence, in
-    /// `1 / GAP_SCALE`; 0 before its first streaming response), and the output tokens a
-    /// non-streaming request of the model is expected to have (0 before the first).
+    /// `1 / GAP_SCALE`; 0 before its first window of streamed responses closes), and the
+    /// output tokens a non-streaming request of the model is expected to have (0 before the
+    /// first).
     pub decode_gap: u64,
     pub expected_output: u64,
 }
@@ -717,9 +718,8 @@ pub(crate) struct Learned {
     pub output: OutputLength,
     /// Per arena slot, while admitted: what its request's admission left to learn from. For a
     /// streaming request, the admission tick (its first byte measures the prefill rate), then
-    /// the first byte's (its end measures the decode speed); for a
-    /// non-streaming one, its place in its backend's `unstreamed::UnstreamedBacklog` (its end
-    /// moves the cursor there). One vector for both keeps a queued request within its memory
+    /// the first byte's (its end measures the decode speed); for a non-streaming one, its place
+    /// in its backend's `unstreamed::UnstreamedBacklog` (its end moves the cursor there). One vector for both keeps a queued request within its memory
     /// budget (`tests::memory_per_queued_request_and_per_session`).
     pub admission: Vec<u64>,
     /// Per arena slot, while admitted: the tokens the request added to its backend's prefill

@@ -129,6 +129,7 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
         // A decoded token takes at least an engine step (the streams' events, counted when the
         // client asks for no usage, are a little more than its tokens).
         let gap = learned(i)["decode_ms_per_token"].as_f64().expect("a decode gap");
+        assert!(learned(i)["decode_ms_per_token_age_ms"].is_number(), "{name}: an age");
         let step_ms = params.step_base_ns as f64 / 1e6 / TIME_SCALE;
         assert!(gap >= 0.9 * step_ms, "{name}: {gap} ms per token, a step is {step_ms} ms");
         assert!(learned(i)["expected_output_tokens"].is_null(), "no whole response was asked");

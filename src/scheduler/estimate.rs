@@ -368,14 +368,24 @@ pub struct Decode {
     /// The least gap of `windows`: ticks per output token of one sequence, in
     /// `1 / GAP_SCALE`; 0 before the first window closes.
     pub gap: u64,
+    /// When a window last closed.
+    pub gap_at: Tick,
 }
 
 impl Decode {
-    pub const NEW: Decode =
-        Decode { tokens: 0, ticks: 0, responses: 0, windows: [0; DECODE_WINDOWS], next: 0, gap: 0 };
+    pub const NEW: Decode = Decode {
+        tokens: 0,
+        ticks: 0,
+        responses: 0,
+        windows: [0; DECODE_WINDOWS],
+        next: 0,
+        gap: 0,
+        gap_at: 0,
+    };
 
-    /// A streaming response decoded `tokens` tokens after its first in `ticks`.
-    pub fn observe(&mut self, tokens: u32, ticks: u64) {
+    /// A streaming response that ended at `now` decoded `tokens` tokens after its first in
+    /// `ticks`.
+    pub fn observe(&mut self, tokens: u32, ticks: u64, now: Tick) {
         if tokens == 0 {
             return;
         }
@@ -390,6 +400,7 @@ impl Decode {
         self.next = (self.next + 1) % DECODE_WINDOWS;
         (self.tokens, self.ticks, self.responses) = (0, 0, 0);
         self.gap = self.windows.iter().copied().filter(|&gap| gap > 0).min().unwrap_or(0);
+        self.gap_at = now;
     }
 }
 
@@ -698,10 +709,11 @@ pub struct BackendEstimates {
     pub kv_pressure_at: Tick,
     pub decode_weight: u64,
     /// Its decode gap ([`Decode::gap`]: ticks per output token of one sequence, in
-    /// `1 / GAP_SCALE`; 0 before its first window of streamed responses closes), and the
-    /// output tokens a non-streaming request of the model is expected to have (0 before the
-    /// first).
+    /// `1 / GAP_SCALE`; 0 before its first window of streamed responses closes) and when a
+    /// window last closed, and the output tokens a non-streaming request of the model is
+    /// expected to have (0 before the first).
     pub decode_gap: u64,
+    pub decode_gap_at: Tick,
     pub expected_output: u64,
 }
 
@@ -879,13 +891,14 @@ mod tests {
     #[test]
     fn decode_speed_is_the_least_window_and_output_length_a_mean_that_follows() {
         let mut d = Decode::NEW;
-        d.observe(0, 5_000);
+        d.observe(0, 5_000, 1);
         assert_eq!(d.responses, 0, "a one-token response teaches nothing");
         for _ in 1..DECODE_WINDOW_RESPONSES {
-            d.observe(100, 1_000_000);
+            d.observe(100, 1_000_000, 1);
         }
         assert_eq!(d.gap, 0, "no window closed yet");
-        d.observe(300, 1_000_000);
+        d.observe(300, 1_000_000, 2);
+        assert_eq!(d.gap_at, 2);
         let tokens = u64::from(DECODE_WINDOW_RESPONSES - 1) * 100 + 300;
         let ticks = u64::from(DECODE_WINDOW_RESPONSES) * 1_000_000;
         assert_eq!(d.gap, ticks * GAP_SCALE / tokens, "the window's sums' ratio");
@@ -893,7 +906,7 @@ mod tests {
         // A loaded window (longer steps) leaves the least; a lighter one takes over.
         let window = |d: &mut Decode, ticks: u64| {
             for _ in 0..DECODE_WINDOW_RESPONSES {
-                d.observe(100, ticks);
+                d.observe(100, ticks, 3);
             }
         };
         window(&mut d, 3_000_000);

@@ -176,6 +176,7 @@ impl Scheduler {
             kv_pressure_at: cache.kv_pressure_at,
             decode_weight: super::placement::decode_weight(cache.kv_pressure_micro),
             decode_gap: self.learned.decode[b].gap,
+            decode_gap_at: self.learned.decode[b].gap_at,
             expected_output: self.learned.output.mean(),
             index_capacity: self
                 .prefix

@@ -909,7 +909,7 @@ impl Scheduler {
             self.learned.output.observe(tokens);
         } else if !entry.prefill_pending {
             let span = now.saturating_sub(self.learned.admission[index as usize]);
-            self.learned.decode[usize::from(entry.backend)].observe(tokens - 1, span);
+            self.learned.decode[usize::from(entry.backend)].observe(tokens - 1, span, now);
         }
     }
 

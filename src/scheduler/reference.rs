@@ -302,13 +302,17 @@ impl Reference {
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
     /// index capacity, engine restarts; KV pressure (the ticks of each change are not
     /// restated: the harness compares these fields only).
-    pub fn backend_estimates(&self, backend: u16) -> ((u64, u64, u64, u64, u64, u64), u64) {
+    pub fn backend_estimates(
+        &self,
+        backend: u16,
+    ) -> ((u64, u64, u64, u64, u64, u64), u64, (u64, u64)) {
         let b = usize::from(backend);
         let rate = self.rate(backend);
         let index =
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
-        ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), l.pressure)
+        let decode = (self.gap(backend), self.expected_output());
+        ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), l.pressure, decode)
     }
 
     /// The tick at which the earliest timer fires.

@@ -416,6 +416,7 @@ fn learned_json(
         "kv_pressure_age_ms": age(e.kv_pressure_at, e.kv_pressure_at > 0),
         "decode_weight_tokens": e.decode_weight,
         "decode_ms_per_token": decode_ms,
+        "decode_ms_per_token_age_ms": age(e.decode_gap_at, decode_ms.is_some()),
         "expected_output_tokens": (e.expected_output > 0).then_some(e.expected_output),
         "engine_restarts": e.restarts,
         "engine_restart_age_ms": age(e.restarted_at, e.restarts > 0),

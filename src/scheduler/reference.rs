@@ -174,6 +174,11 @@ pub struct Reference {
     index_capacity: Vec<usize>,
 }
 
+/// What the differential harness compares of a backend's estimates: the prefill rate, the
+/// budget, the exported KV capacity, the index's capacity and the restarts; the KV pressure; the
+/// decode gap and the model's expected output.
+pub type Estimates = ((u64, u64, u64, u64, u64, u64), u64, (u64, u64));
+
 impl Reference {
     /// A reference scheduler for `params`.
     pub fn new(params: Params) -> Reference {
@@ -302,10 +307,7 @@ impl Reference {
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
     /// index capacity, engine restarts; KV pressure (the ticks of each change are not
     /// restated: the harness compares these fields only).
-    pub fn backend_estimates(
-        &self,
-        backend: u16,
-    ) -> ((u64, u64, u64, u64, u64, u64), u64, (u64, u64)) {
+    pub fn backend_estimates(&self, backend: u16) -> Estimates {
         let b = usize::from(backend);
         let rate = self.rate(backend);
         let index =

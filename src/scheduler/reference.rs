@@ -305,8 +305,8 @@ impl Reference {
     }
 
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
-    /// index capacity, engine restarts; KV pressure (the ticks of each change are not
-    /// restated: the harness compares these fields only).
+    /// index capacity, engine restarts; KV pressure; decode gap and the model's expected output
+    /// (the ticks of each change are not restated: the harness compares these fields only).
     pub fn backend_estimates(&self, backend: u16) -> Estimates {
         let b = usize::from(backend);
         let rate = self.rate(backend);

@@ -20,7 +20,8 @@
 //! - [`wheel`](crate::wheel): the hierarchical timer wheel (grace windows, stale gauges, the
 //!   placement wait), a module of its own because the shards use it too;
 //! - [`policy`]: per-backend state, gates and backend choice;
-//! - [`estimate`]: what it learns of its model and each backend (issue \[8\]);
+//! - [`estimate`]: what it learns of its model and each backend (issue \[8\]), with
+//!   [`decode`] for each backend's decode speed and the model's output length;
 //! - [`prefix`] and `placement`: S16's per-backend prefix indexes and placement scan.
 //!
 //! All of it belongs to whoever owns the `Scheduler` (a driver, which calls [`Scheduler::handle`]
@@ -54,6 +55,7 @@
 //!   reached the scheduler), change nothing and are counted in [`Stats::stale_events`].
 
 mod api;
+pub mod decode;
 mod derive;
 pub mod estimate;
 pub mod fair;

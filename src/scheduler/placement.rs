@@ -18,7 +18,7 @@
 //! - for a non-streaming request, whose client waits for the whole response, the time its
 //!   expected output would take to decode there beyond what it would on the backend of the
 //!   least decode gap, counting only the part of the backend's gap more than
-//!   [`GAP_TOLERANCE_PERCENT`] above that least (`estimate::Decode`), added in the fastest
+//!   [`GAP_TOLERANCE_PERCENT`] above that least (`decode::Decode`), added in the fastest
 //!   backend's time after the rest is.
 //!
 //! An admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
@@ -63,7 +63,8 @@ use crate::clock::Tick;
 use crate::ring::prompt_pool::{PromptPool, NO_PROMPT};
 use crate::wheel::TimerKey;
 
-use super::estimate::{cleared, TokenRate, GAP_SCALE, GAP_TOLERANCE_PERCENT};
+use super::decode::{GAP_SCALE, GAP_TOLERANCE_PERCENT};
+use super::estimate::{cleared, TokenRate};
 use super::prefix::PrefixIndex;
 use super::queue::NO_BACKEND;
 use super::{IndexSize, Lane, Output, Params, Scheduler, Timer};

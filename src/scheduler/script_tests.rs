@@ -136,7 +136,7 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
 }
 
 /// A non-streaming request's cost counts its expected output at its backend's decode gap beyond
-/// the tolerance above the least (`estimate::Decode`), in the reference as in the scheduler.
+/// the tolerance above the least (`decode::Decode`), in the reference as in the scheduler.
 /// Thirty streaming prompts teach both backends a prefill rate, as above, and each response
 /// decodes 100 tokens after its first, at 10 ticks a token on backend 0 and 100 on backend 1
 /// (a window or more on each); a non-streaming response of 200 tokens sets the expected
@@ -190,7 +190,7 @@ fn slower_decode_script(slow_gap: Option<u64>) -> Vec<Output> {
     let mut script: Vec<_> = (1..=30).map(|id| arrive(0, id, true)).collect();
     let placed = harness::run_script(&params, &script);
     let on_0 = (1..=30).filter(|&id| went(&placed, id) == Some(0)).count();
-    let window = estimate::DECODE_WINDOW_RESPONSES as usize;
+    let window = decode::DECODE_WINDOW_RESPONSES as usize;
     assert!(on_0 >= window && 30 - on_0 >= window, "{on_0} of 30 on backend 0");
     let mut served = [0, 0];
     for id in 1..=30 {

@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use crate::clock::{Tick, TickRate};
 use crate::config::{QueueConfig, Setting};
-use crate::scheduler::estimate::{BackendEstimates, TokenRate, GAP_SCALE};
+use crate::scheduler::decode::GAP_SCALE;
+use crate::scheduler::estimate::{BackendEstimates, TokenRate};
 use crate::scheduler::Lane;
 
 use super::exposition::{hit_ratios, reports};

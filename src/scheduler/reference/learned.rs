@@ -5,6 +5,7 @@
 
 use crate::clock::Tick;
 
+use super::super::decode;
 use super::super::estimate::{self, rate_order};
 use super::super::tracker::reference::SessionTracker;
 use super::super::{Budget, EngineCache, RequestId, Routing, Snapshot, Usage};
@@ -271,7 +272,7 @@ impl Reference {
         }
         if !done.request.streaming {
             self.output = (self.output.0 + u64::from(tokens), self.output.1 + 1);
-            if self.output.1 > estimate::OUTPUT_HORIZON {
+            if self.output.1 > decode::OUTPUT_HORIZON {
                 self.output = (self.output.0 / 2, self.output.1 / 2);
             }
         } else if !done.prefill_pending && tokens > 1 {
@@ -280,21 +281,21 @@ impl Reference {
         }
     }
 
-    /// `backend`'s ticks per output token in `1 / estimate::GAP_SCALE`: of its streaming
-    /// responses in windows of `estimate::DECODE_WINDOW_RESPONSES`, each window's tokens over
-    /// its ticks, the least of the last `estimate::DECODE_WINDOWS` windows; 0 before the first.
+    /// `backend`'s ticks per output token in `1 / decode::GAP_SCALE`: of its streaming
+    /// responses in windows of `decode::DECODE_WINDOW_RESPONSES`, each window's tokens over
+    /// its ticks, the least of the last `decode::DECODE_WINDOWS` windows; 0 before the first.
     pub(super) fn gap(&self, backend: u16) -> u64 {
         let responses = &self.learned[usize::from(backend)].decode;
         let windows: Vec<u64> = responses
-            .chunks_exact(estimate::DECODE_WINDOW_RESPONSES as usize)
+            .chunks_exact(decode::DECODE_WINDOW_RESPONSES as usize)
             .map(|window| {
                 let tokens: u64 = window.iter().map(|r| r.0).sum();
                 let ticks = window.iter().fold(0u64, |sum, r| sum.saturating_add(r.1));
-                let gap = u128::from(ticks) * u128::from(estimate::GAP_SCALE) / u128::from(tokens);
+                let gap = u128::from(ticks) * u128::from(decode::GAP_SCALE) / u128::from(tokens);
                 u64::try_from(gap).unwrap_or(u64::MAX).max(1)
             })
             .collect();
-        let last = &windows[windows.len().saturating_sub(estimate::DECODE_WINDOWS)..];
+        let last = &windows[windows.len().saturating_sub(decode::DECODE_WINDOWS)..];
         last.iter().copied().min().unwrap_or(0)
     }
 

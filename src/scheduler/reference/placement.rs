@@ -5,12 +5,12 @@
 
 use crate::clock::Tick;
 
-use super::super::estimate;
 use super::super::placement::{
     CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
+use super::super::{decode, estimate};
 use super::super::{IndexSize, Lane, Routing};
 use super::{Admitted, Queued, Reference, NONE};
 
@@ -174,10 +174,10 @@ impl Reference {
         if fastest.0 == 0 {
             return 0;
         }
-        let tolerated = least + least / 100 * estimate::GAP_TOLERANCE_PERCENT;
+        let tolerated = least + least / 100 * decode::GAP_TOLERANCE_PERCENT;
         let slower = self.gap(backend).saturating_sub(tolerated);
         let delay = u128::from(self.expected_output()) * u128::from(slower) * u128::from(fastest.0)
-            / (u128::from(estimate::GAP_SCALE) * u128::from(fastest.1));
+            / (u128::from(decode::GAP_SCALE) * u128::from(fastest.1));
         u64::try_from(delay).unwrap_or(u64::MAX)
     }
 

@@ -102,9 +102,9 @@
 //! what the engine reports it found cached: over [`CALIBRATION_TOKENS`] of prompt, the tokens
 //! the index predicted cached are compared with the tokens the engine says were
 //! (`usage.prompt_tokens_details.cached_tokens` per request, or the difference of its
-//! prefix-cache counters between snapshots); an index that predicts markedly more than the
-//! engine found (it remembers what the engine has evicted) shrinks by a quarter, one that
-//! predicts markedly less grows by a quarter, within [`INDEX_SCALE_MIN`]–[`INDEX_SCALE_MAX`]
+//! prefix-cache counters between snapshots); an index that predicts half again more than the
+//! engine found (it remembers what the engine has evicted) shrinks by a quarter, one whose
+//! engine found a quarter again more than it predicted grows by a quarter, within [`INDEX_SCALE_MIN`]–[`INDEX_SCALE_MAX`]
 //! times its nominal size. With no exported capacity the calibration starts from the configured
 //! default. This is the "learned from hits and misses" path of issue \[8\].
 //!
@@ -546,8 +546,8 @@ impl CacheModel {
             return false;
         }
         let old = self.index_scale;
-        // Markedly: a quarter more or less than the engine found, and not a rounding of a
-        // few blocks (1 % of the period's tokens).
+        // Markedly: half again more than the engine found, or a quarter again less, and not
+        // a rounding of a few blocks (1 % of the period's tokens).
         let slack = tokens / 100;
         if predicted > engine + engine / 2 + slack {
             self.index_scale = (old - old / 4).max(INDEX_SCALE_MIN);

@@ -4,7 +4,8 @@
 //! - what is left of its prefill backlog (S6.3): the backlog less what the backend's learned
 //!   rate clears from the moment its engine is taken to have begun on it (`prefill_since`);
 //! - the request's prompt tokens the backend's [`PrefixIndex`] says are not cached there
-//!   (`prompt_tokens − matched blocks × prefix_block_bytes / 4`), each token beyond the least
+//!   (its estimated tokens less those of the matched blocks' bytes, both at the learned tokens
+//!   per byte: `tokens_of_blocks`), each token beyond the least
 //!   any usable backend would compute weighted [`CACHE_WEIGHT`] (a request with no home pays 1
 //!   per token of a hot shared prefix it would copy there, [`HOT_PREFIX_TOUCHES`]);
 //! - those uncached tokens again, [`JOIN_WEIGHT`] times per request the backend is already

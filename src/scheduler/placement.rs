@@ -166,7 +166,12 @@ pub const HOT_PREFIX_TOUCHES: u16 = 32;
 /// pressure"): against the constant 1,000 tokens it replaced, the worst all-request TTFT p99
 /// against sglang-router's `cache_aware` went from 2.3x to 1.25x (a chat workload of short
 /// prompts and long answers), and the KV-bound RAGPulse cell the constant was for kept its
-/// gain.
+/// gain. Measured again with the later cost (seventeenth session, "The decode weight's
+/// floor"): a floor of 0 or 16 took a tenth off the chat workload's first-turn p90 on the
+/// engines with room to spare, but the all-request p99 of the coder workload on engines with
+/// a small KV cache (a seventh of an H100's, or an L4 with half its own) rose by up to 2.04x
+/// and its p90 by up to 1.42x (the averaged pressure lags a cache that 16k-token contexts
+/// fill in seconds).
 pub const fn decode_weight(pressure_micro: u64) -> u64 {
     let p = if pressure_micro < 1_000_000 { pressure_micro } else { 1_000_000 };
     DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000

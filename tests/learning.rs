@@ -119,13 +119,17 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
         );
         let capacity = u64::from(params.kv_blocks) * u64::from(params.block_size);
         assert_eq!(learned(i)["kv_capacity_tokens"].as_u64(), Some(capacity), "{name}");
-        // The KV pressure is the engines' usage gauge averaged: a fraction, with the decode
-        // weight it sets (125 + 2,000 × its square, rounded down in millionths).
+        // The KV pressure is the engines' usage gauge averaged, and the held pressure the
+        // router's count of the contexts it has there: fractions, the larger of which sets the
+        // decode weight (2,000 × its square, rounded down in millionths).
         let pressure = learned(i)["kv_pressure"].as_f64().expect("a KV pressure");
         assert!((0.0..=1.0).contains(&pressure), "{name}: {pressure}");
+        let held = learned(i)["kv_held"].as_f64().expect("a count against a KV capacity");
+        assert!(held >= 0.0, "{name}: {held}");
+        let fullness = pressure.max(held).min(1.0);
         let weight = learned(i)["decode_weight_tokens"].as_f64().expect("a decode weight");
-        let expected = 125.0 + 2000.0 * pressure * pressure;
-        assert!((weight - expected).abs() <= 1.0, "{name}: {weight} for {pressure}");
+        let expected = 2000.0 * fullness * fullness;
+        assert!((weight - expected).abs() <= 1.0, "{name}: {weight} for {pressure} and {held}");
         // A decoded token takes at least an engine step (the streams' events, counted when the
         // client asks for no usage, are a little more than its tokens).
         let gap = learned(i)["decode_ms_per_token"].as_f64().expect("a decode gap");

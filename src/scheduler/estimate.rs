@@ -200,6 +200,12 @@ impl TokenRate {
         u32::try_from(estimate).unwrap_or(u32::MAX).max(u32::from(bytes > 0))
     }
 
+    /// The estimated tokens of `bytes`, however many.
+    pub fn tokens_u64(&self, bytes: u64) -> u64 {
+        u64::try_from(u128::from(bytes) * u128::from(self.tokens) / u128::from(self.bytes.max(1)))
+            .unwrap_or(u64::MAX)
+    }
+
     /// Tokens per byte, in millionths (for reports).
     pub fn per_byte_micro(&self) -> u64 {
         self.tokens * 1_000_000 / self.bytes.max(1)
@@ -590,9 +596,12 @@ pub struct BackendEstimates {
     pub restarts: u64,
     pub restarted_at: Tick,
     /// Its KV usage averaged over the last scrapes (millionths) and when last reported; the
-    /// decode weight it sets in S16's cost (tokens per decoding sequence).
+    /// router's count of the contexts it holds there against its KV capacity (millionths,
+    /// `placement`'s held pressure); the decode weight the larger of the two sets in S16's
+    /// cost (tokens per decoding sequence).
     pub kv_pressure_micro: u64,
     pub kv_pressure_at: Tick,
+    pub kv_held_micro: u64,
     pub decode_weight: u64,
     /// Its decode gap ([`Decode::gap`]: ticks per output token of one sequence, in
     /// `1 / GAP_SCALE`; 0 before its first window of streamed responses closes) and when a

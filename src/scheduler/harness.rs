@@ -470,7 +470,7 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
         assert_eq!(a, b, "prefill of {backend}, {}", context());
         let e = real.backend_estimates(backend);
         let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity, e.restarts);
-        let a = (a, e.kv_pressure_micro, (e.decode_gap, e.expected_output));
+        let a = (a, (e.kv_pressure_micro, e.kv_held_micro), (e.decode_gap, e.expected_output));
         assert_eq!(a, model.backend_estimates(backend), "estimates of {backend}, {}", context());
     }
     assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());

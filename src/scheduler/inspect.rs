@@ -174,7 +174,8 @@ impl Scheduler {
             restarted_at: cache.restarted_at,
             kv_pressure_micro: cache.kv_pressure_micro,
             kv_pressure_at: cache.kv_pressure_at,
-            decode_weight: super::placement::decode_weight(cache.kv_pressure_micro),
+            kv_held_micro: self.held_pressure(b),
+            decode_weight: super::placement::decode_weight(self.kv_pressure(b)),
             decode_gap: self.learned.decode[b].gap,
             decode_gap_at: self.learned.decode[b].gap_at,
             expected_output: self.learned.output.mean(),
@@ -224,8 +225,12 @@ impl Scheduler {
         let count = self.backends.len();
         let (mut inflight, mut prefill) = (vec![0u32; count], vec![0u64; count]);
         let (mut pending, mut unstreamed) = (vec![0u32; count], vec![0u32; count]);
+        let mut held = vec![0u64; count];
         self.queue.for_each_admitted(|index, entry| {
             inflight[usize::from(entry.backend)] += 1;
+            if !entry.prefill_pending {
+                held[usize::from(entry.backend)] += u64::from(entry.prompt_bytes);
+            }
             unstreamed[usize::from(entry.backend)] += u32::from(!entry.streaming);
             if entry.prefill_pending {
                 prefill[usize::from(entry.backend)] +=
@@ -242,6 +247,7 @@ impl Scheduler {
             assert_eq!(backend.prefill_tokens, prefill[index], "prefill backlog of {index}");
             assert_eq!(backend.prefill_pending, pending[index], "prefill requests of {index}");
             assert_eq!(backend.unstreamed, unstreamed[index], "non-streaming of {index}");
+            assert_eq!(backend.held_bytes, held[index], "held prompt bytes of {index}");
             let empty = backend.unstreamed_backlog.is_empty();
             assert!(backend.unstreamed > 0 || empty, "non-streaming backlog of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");

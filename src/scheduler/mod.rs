@@ -518,6 +518,7 @@ impl Scheduler {
         backend.prefill_tokens -= tokens;
         backend.prefill_pending -= 1;
         backend.prefill_since = now;
+        backend.held_bytes += u64::from(entry.prompt_bytes);
         self.queue.get_mut(index).prefill_pending = false;
         let admitted_at = self.learned.admission[index as usize];
         let alone = backend.prefill_pending == 0;
@@ -846,7 +847,7 @@ impl Scheduler {
         entry.backend = backend;
         entry.prefill_pending = entry.streaming;
         let (id, waited, pending) = (entry.id, now - entry.arrived_at, entry.prefill_pending);
-        let streaming = entry.streaming;
+        let (streaming, bytes) = (entry.streaming, entry.prompt_bytes);
         let (turn, warm) = (entry.turn, predicted.unwrap_or(affinity));
         let derived = entry.identity == Identity::Derived;
         let slot = index as usize;
@@ -857,6 +858,7 @@ impl Scheduler {
             now
         } else {
             state.unstreamed += 1;
+            state.held_bytes += u64::from(bytes);
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.sent(u64::from(tokens), rate, now)
         };
@@ -937,10 +939,14 @@ impl Scheduler {
         let tokens = u64::from(self.learned.backlog[index as usize]);
         let entry = self.queue.get_mut(index);
         let (backend, pending, streaming) = (entry.backend, entry.prefill_pending, entry.streaming);
+        let bytes = entry.prompt_bytes;
         entry.place = Place::Free;
         entry.prefill_pending = false;
         let state = &mut self.backends[usize::from(backend)];
         state.inflight -= 1;
+        if !pending {
+            state.held_bytes -= u64::from(bytes);
+        }
         if !streaming {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed -= 1;

@@ -149,37 +149,38 @@ pub const JOIN_WEIGHT: u64 = 2;
 pub const HOT_PREFIX_TOUCHES: u16 = 32;
 
 /// What a sequence a backend is decoding (admitted, first byte seen) adds to its cost, in
-/// tokens: [`DECODE_WEIGHT_MIN`] plus [`DECODE_WEIGHT_KV`] times the square of the backend's
-/// KV pressure (its KV usage averaged over its last scrapes, `estimate::CacheModel::kv_usage`;
-/// `pressure_micro` in millionths).
+/// tokens: [`DECODE_WEIGHT_KV`] times the square of the backend's KV pressure
+/// (`pressure_micro`, in millionths; `Scheduler::kv_pressure`): the larger of its engine's KV
+/// usage averaged over its last scrapes (`estimate::CacheModel::kv_usage`) and the router's own
+/// count, the estimated tokens of the prompts it has on that engine past their prefill (a
+/// stream after its first byte, a whole response from its admission) over the engine's
+/// exported KV capacity.
 ///
 /// A decoding sequence holds the engine's KV cache until it ends, so on an engine whose cache
 /// the workload fills, a backend decoding more starts a new prefill later, which the prefill
 /// backlog does not show; on an engine with room to spare it delays the next prefill by little
 /// more than its share of a step, and weighing it as much sends follow-ups away from their
 /// cached prefixes for nothing. The square keeps the weight small until the cache runs more
-/// than half full. The floor is for the limit the router cannot see: an engine that runs at
-/// most `max_num_seqs` sequences holds back new ones however empty its cache is.
+/// than half full. The scrapes' average lags a cache that long contexts fill in seconds; the
+/// router's count follows each admission at once, but knows neither the engine's prefix
+/// sharing nor what it has evicted, so it only ever raises the pressure. A prompt still in
+/// prefill is not counted: the engine may hold it waiting, and the prefill backlog weighs it.
 ///
 /// Chosen by measurement over ten engine models, two traces, two synthetic workloads and two
 /// loads in the fleet model (`perf/RESULTS.md`, "A decode weight learned from the KV
-/// pressure"): against the constant 1,000 tokens it replaced, the worst all-request TTFT p99
-/// against sglang-router's `cache_aware` went from 2.3x to 1.25x (a chat workload of short
-/// prompts and long answers), and the KV-bound RAGPulse cell the constant was for kept its
-/// gain. Measured again with the later cost (seventeenth session, "The decode weight's
-/// floor"): a floor of 0 or 16 took a tenth off the chat workload's first-turn p90 on the
-/// engines with room to spare, but the all-request p99 of the coder workload on engines with
-/// a small KV cache (a seventh of an H100's, or an L4 with half its own) rose by up to 2.04x
-/// and its p90 by up to 1.42x (the averaged pressure lags a cache that 16k-token contexts
-/// fill in seconds).
+/// pressure", and the eighteenth session's "The router's count of the contexts it holds"):
+/// against the constant 1,000 tokens it replaced, the worst all-request TTFT p99 against
+/// sglang-router's `cache_aware` went from 2.3x to 1.25x (a chat workload of short prompts and
+/// long answers). The count took the all-request p99 of the coder workload on engines with a
+/// small KV cache to 0.15-0.88x what the averaged pressure alone gave, which let the floor of
+/// 125 tokens per sequence the averaged pressure needed there go (it cost the chat workload a
+/// tenth of its first-turn p90 on engines with room to spare).
 pub const fn decode_weight(pressure_micro: u64) -> u64 {
     let p = if pressure_micro < 1_000_000 { pressure_micro } else { 1_000_000 };
-    DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000
+    DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000
 }
 
-/// The decode weight of a backend whose KV cache stays empty ([`decode_weight`]).
-pub const DECODE_WEIGHT_MIN: u64 = 125;
-/// What a full KV cache adds to the decode weight ([`decode_weight`]).
+/// The decode weight of a full KV cache ([`decode_weight`]).
 pub const DECODE_WEIGHT_KV: u64 = 2000;
 
 /// The largest auto-sized prefix index, in blocks (64 MiB of prompt text per backend).
@@ -509,6 +510,24 @@ impl Scheduler {
         None
     }
 
+    /// Backend `b`'s KV pressure in millionths, as [`decode_weight`] takes it: the larger of
+    /// its engine's averaged usage and [`held_pressure`](Self::held_pressure).
+    pub(super) fn kv_pressure(&self, b: usize) -> u64 {
+        self.learned.cache[b].kv_pressure_micro.max(self.held_pressure(b))
+    }
+
+    /// The estimated tokens of the prompts admitted to backend `b` past their prefill, over its
+    /// engine's exported KV capacity, in millionths; 0 until it exports one.
+    pub(super) fn held_pressure(&self, b: usize) -> u64 {
+        match self.learned.cache[b].kv_capacity_tokens {
+            0 => 0,
+            capacity => {
+                let held = self.learned.tokens.tokens_u64(self.backends[b].held_bytes);
+                held.saturating_mul(1_000_000) / capacity
+            }
+        }
+    }
+
     /// The cheapest usable backend and the cheapest eligible one, as (backend, cost), for the
     /// request of the last [`match_prompt`](Self::match_prompt), whose client asked for a
     /// stream if `streaming`; `avoid` only when nothing else qualifies.
@@ -534,7 +553,7 @@ impl Scheduler {
             let work = backlog
                 + self.cache_cost(b).saturating_sub(everywhere)
                 + JOIN_WEIGHT * pending * self.uncached(b)
-                + decode_weight(self.learned.cache[b].kv_pressure_micro) * decoding;
+                + decode_weight(self.kv_pressure(b)) * decoding;
             let gap = self.learned.decode[b].gap;
             let slower = if tolerated == 0 { 0 } else { gap.saturating_sub(tolerated) };
             let decode = decode_delay(output, slower, fastest);

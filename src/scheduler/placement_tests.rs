@@ -147,10 +147,9 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     h.first_byte(1);
     assert_eq!(h.arrive(2, None, &chain(20, 2), 2 * BLOCK_TOKENS, true), vec![(2, 1)]);
     assert_eq!(h.s.backend_prefill_tokens(1), u64::from(2 * BLOCK_TOKENS));
-    // No KV usage reported: a decoding sequence weighs the floor, less than that backlog, and
-    // request 3 (nothing cached anywhere) goes to the backend that decodes.
-    assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
-    assert!(super::DECODE_WEIGHT_MIN < u64::from(2 * BLOCK_TOKENS));
+    // No KV usage or capacity reported: a decoding sequence weighs nothing, and request 3
+    // (nothing cached anywhere) goes to the backend that decodes rather than behind a backlog.
+    assert_eq!(h.s.backend_estimates(0).decode_weight, 0);
     assert_eq!(h.arrive(3, None, &chain(30, 2), 2 * BLOCK_TOKENS, true), vec![(3, 0)]);
     h.complete(3);
     // Backend 0's engine reports its KV cache full, scrape after scrape: the pressure climbs
@@ -163,11 +162,11 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     };
     let e = full(&mut h, 1);
     assert_eq!((e.kv_pressure_micro, e.decode_weight), (31_250, super::decode_weight(31_250)));
-    assert_eq!(e.decode_weight, super::DECODE_WEIGHT_MIN + 1, "a 32nd of full: almost nothing");
+    assert_eq!(e.decode_weight, 1, "a 32nd of full: almost nothing");
     let e = full(&mut h, 99);
     assert!(e.kv_pressure_micro > 950_000, "{e:?}");
-    assert!(e.decode_weight > 1_900, "{e:?}");
-    assert_eq!(h.s.backend_estimates(1).decode_weight, super::DECODE_WEIGHT_MIN, "its own");
+    assert!(e.decode_weight > 1_800, "{e:?}");
+    assert_eq!(h.s.backend_estimates(1).decode_weight, 0, "its own");
     // The same placement as request 3's now goes to the backend with the backlog.
     assert_eq!(h.arrive(4, None, &chain(40, 2), 2 * BLOCK_TOKENS, true), vec![(4, 1)]);
     // A scrape without the gauge changes nothing; reports of an emptier cache bring it down.
@@ -177,7 +176,42 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     for _ in 0..200 {
         h.send(usage_of(0, 0));
     }
-    assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_MIN);
+    assert_eq!(h.s.backend_estimates(0).decode_weight, 0);
+}
+
+/// The router's own count of the contexts on an engine raises its decode weight before any
+/// scrape reports the usage: a stream counts from its first byte to its end, a whole response
+/// from its admission. Both engines export 1,024 tokens of KV capacity and report no usage.
+#[test]
+fn the_contexts_the_router_holds_weigh_before_the_engine_reports_them() {
+    let mut h = H::new(params(2, 8));
+    for backend in [0, 1] {
+        h.send(report(backend, EngineCache { kv_capacity_tokens: 1024, ..EngineCache::UNKNOWN }));
+    }
+    let held = |h: &H, b: u16| {
+        let e = h.s.backend_estimates(b);
+        (e.kv_pressure_micro, e.kv_held_micro, e.decode_weight)
+    };
+    // A 512-token stream in prefill is the engine's backlog, not yet a context it holds.
+    assert_eq!(h.arrive(1, None, &chain(10, 8), 8 * BLOCK_TOKENS, true), vec![(1, 0)]);
+    assert_eq!(held(&h, 0), (0, 0, 0));
+    // Its first byte: half the cache, a weight of 2,000 / 4 per decoding sequence.
+    h.first_byte(1);
+    assert_eq!(held(&h, 0), (0, 500_000, 500));
+    // Backend 1 takes a 128-token stream (its backlog now), and then a 128-token whole
+    // response costs 128 + 500 on backend 0 against 128 + 128 + 2 x 128 (it would delay the
+    // pending prefill) on backend 1. Weighed by the usage the engines report, nothing, the
+    // decoding sequence would cost nothing and it would go to backend 0.
+    assert_eq!(h.arrive(2, None, &chain(30, 2), 2 * BLOCK_TOKENS, true), vec![(2, 1)]);
+    assert_eq!(h.arrive(3, None, &chain(40, 2), 2 * BLOCK_TOKENS, false), vec![(3, 1)]);
+    // A whole response counts from its admission (no first byte tells when its prefill ends).
+    assert_eq!(held(&h, 1), (0, 125_000, 31));
+    h.first_byte(2);
+    assert_eq!(held(&h, 1), (0, 250_000, 125));
+    for id in [1, 2, 3] {
+        h.complete(id);
+    }
+    assert_eq!((held(&h, 0), held(&h, 1)), ((0, 0, 0), (0, 0, 0)));
 }
 
 /// A system prompt of ten blocks followed by `own`.
@@ -185,13 +219,17 @@ fn with_system_prompt(own: &[u64]) -> Vec<u64> {
     [&chain(1, 10)[..], own].concat()
 }
 
-/// Two backends after fifteen admissions of a shared system prompt (three make it hot) to
-/// backend 1, which decodes fourteen sequences, against backend 0's one; session 7's first turn
-/// completed on backend 1, and its next turn stayed there (it has a home).
-fn a_hot_system_prompt_on_backend_1() -> H {
+/// Two backends whose engines export `kv` tokens of KV capacity, after fifteen admissions of a
+/// shared system prompt (three make it hot) to backend 1, which decodes fourteen sequences,
+/// against backend 0's one; session 7's first turn completed on backend 1, and its next turn
+/// stayed there (it has a home).
+fn a_hot_system_prompt_on_backend_1(kv: [u32; 2]) -> H {
     let mut p = params(2, 64);
     p.prefix.hot_touches = 3;
     let mut h = H::new(p);
+    for (backend, tokens) in [(0, kv[0]), (1, kv[1])] {
+        h.send(report(backend, EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN }));
+    }
     let prompt = with_system_prompt;
     let tokens = |blocks: &[u64]| blocks.len() as u32 * BLOCK_TOKENS;
     // Backend 0's prefill backlog closes its gate while backend 1 learns the system prompt:
@@ -207,9 +245,10 @@ fn a_hot_system_prompt_on_backend_1() -> H {
         h.first_byte(id);
     }
     h.first_byte(100);
-    // Backend 0 decodes one sequence (125 tokens), backend 1 fourteen (1,750). Session 7's
-    // next turn has a home: its history costs 8 per token on backend 0 (6,144 with the system
-    // prompt), against 1,750 + 512 at home.
+    // Backend 0 decodes one sequence of 2,000 tokens, backend 1 fourteen of 704: 9,856 tokens,
+    // a quarter of a 40,000-token cache, so each weighs 2,000 / 16 = 121 there (1,694 in all).
+    // Session 7's next turn has a home: its history costs 8 per token on backend 0 (6,144
+    // with the system prompt), against 1,694 + 512 at home.
     let follow = prompt(&[501, 502]);
     assert_eq!(h.arrive(16, Some(7), &follow, tokens(&follow), true), vec![(16, 1)]);
     h
@@ -217,10 +256,11 @@ fn a_hot_system_prompt_on_backend_1() -> H {
 
 #[test]
 fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
-    let mut h = a_hot_system_prompt_on_backend_1();
+    let mut h = a_hot_system_prompt_on_backend_1([40_000, 40_000]);
     // A new session's first turn finds the system prompt hot on backend 1 (fifteen admissions
-    // sent it there): copying it to backend 0 costs its 640 tokens once, 125 + 640 + 8 x 64 in
-    // all, less than backend 1's load; at 8 per token it would cost 5,757 and stay.
+    // sent it there): copying it to backend 0 costs its 640 tokens once, 5 + 640 + 8 x 64 in
+    // all (backend 0's sequence holds a twentieth of its cache), less than backend 1's load;
+    // at 8 per token it would cost 5,637 and stay.
     let fresh = with_system_prompt(&[700]);
     assert_eq!(h.s.stats().prefix_copies, 0);
     assert_eq!(h.arrive(17, None, &fresh, 11 * BLOCK_TOKENS, true), vec![(17, 0)]);
@@ -230,12 +270,11 @@ fn a_first_turn_copies_a_hot_shared_prefix_to_a_backend_with_less_to_decode() {
 
 #[test]
 fn a_hot_prefix_is_not_copied_to_a_backend_with_a_smaller_kv_cache() {
-    let mut h = a_hot_system_prompt_on_backend_1();
     // Backend 0's engine exports a quarter of backend 1's KV capacity (an L4 beside an H100):
-    // the sessions that would follow a copy there would be slower, and fewer fit.
-    for (backend, tokens) in [(0, 110_592), (1, 442_368)] {
-        h.send(report(backend, EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN }));
-    }
+    // the sessions that would follow a copy there would be slower, and fewer fit. Its one
+    // sequence weighs 80 (a fifth of its cache): a copy would cost 1,232, less than backend 1's
+    // load, as in the test before.
+    let mut h = a_hot_system_prompt_on_backend_1([10_000, 40_000]);
     let fresh = with_system_prompt(&[700]);
     assert_eq!(h.arrive(17, None, &fresh, 11 * BLOCK_TOKENS, true), vec![(17, 1)]);
     assert_eq!(h.s.stats().prefix_copies, 0);
@@ -243,11 +282,11 @@ fn a_hot_prefix_is_not_copied_to_a_backend_with_a_smaller_kv_cache() {
 
 #[test]
 fn the_decode_weight_grows_with_the_square_of_the_pressure() {
-    use super::{decode_weight, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN};
-    assert_eq!(decode_weight(0), DECODE_WEIGHT_MIN);
-    assert_eq!(decode_weight(500_000), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV / 4);
-    assert_eq!(decode_weight(1_000_000), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV);
-    assert_eq!(decode_weight(u64::MAX), DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV, "at most full");
+    use super::{decode_weight, DECODE_WEIGHT_KV};
+    assert_eq!(decode_weight(0), 0);
+    assert_eq!(decode_weight(500_000), DECODE_WEIGHT_KV / 4);
+    assert_eq!(decode_weight(1_000_000), DECODE_WEIGHT_KV);
+    assert_eq!(decode_weight(u64::MAX), DECODE_WEIGHT_KV, "at most full");
     let mut last = 0;
     for p in (0..=1_000_000).step_by(1_000) {
         assert!(decode_weight(p) >= last, "monotone at {p}");
@@ -835,14 +874,17 @@ fn a_prompt_goes_to_a_backend_not_already_prefilling() {
 /// Of backends of different learned speeds, a prompt no backend holds goes where it would be
 /// done soonest: the tokens every backend would compute are weighed as its own prefill, not as
 /// [`super::CACHE_WEIGHT`] times it. Backend 0 is learned 10 % faster and decodes one sequence
-/// (125 tokens); a ten-block prompt (640 tokens) costs 125 + 640 there, 640 × 1.1 = 704 on
-/// backend 1. Weighted eight times, it would cost 125 + 5,120 against 5,632, and go to backend
-/// 0 whatever its queue (and every such prompt with it, on a few per cent of a rate's error).
+/// that holds a quarter of its engine's KV cache (125 tokens); a ten-block prompt (640 tokens)
+/// costs 125 + 640 there, 640 × 1.1 = 704 on backend 1. Weighted eight times, it would cost
+/// 125 + 5,120 against 5,632, and go to backend 0 whatever its queue (and every such prompt
+/// with it, on a few per cent of a rate's error).
 #[test]
 fn an_uncached_prompt_goes_where_it_would_be_done_soonest() {
     let mut h = H::new(params(2, 8));
+    h.send(report(0, EngineCache { kv_capacity_tokens: 4 * BLOCK_TOKENS, ..EngineCache::UNKNOWN }));
     assert_eq!(h.arrive(1, None, &chain(100, 1), BLOCK_TOKENS, true), vec![(1, 0)]);
     h.first_byte(1);
+    assert_eq!(h.s.backend_estimates(0).decode_weight, 125);
     h.s.learned.prefill[0].rate = (110, 100);
     h.s.learned.prefill[1].rate = (100, 100);
     assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 1)]);

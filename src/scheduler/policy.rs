@@ -101,6 +101,9 @@ pub(crate) struct Backend {
     pub ejected_at: Tick,
     pub consecutive_failures: u32,
     pub inflight: u32,
+    /// Prompt bytes of the admitted requests whose context the engine holds, by the router's
+    /// count: streaming ones past their first byte, and every non-streaming one.
+    pub held_bytes: u64,
     /// Slots held for a grace window (S8).
     pub holds: u32,
     /// Estimated prompt tokens of admitted streaming requests without a first body byte (S6.3).
@@ -139,6 +142,7 @@ impl Backend {
         ejected_at: 0,
         consecutive_failures: 0,
         inflight: 0,
+        held_bytes: 0,
         holds: 0,
         prefill_tokens: 0,
         prefill_pending: 0,

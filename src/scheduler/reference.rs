@@ -177,7 +177,7 @@ pub struct Reference {
 /// What the differential harness compares of a backend's estimates: the prefill rate, the
 /// budget, the exported KV capacity, the index's capacity and the restarts; the KV pressure; the
 /// decode gap and the model's expected output.
-pub type Estimates = ((u64, u64, u64, u64, u64, u64), u64, (u64, u64));
+pub type Estimates = ((u64, u64, u64, u64, u64, u64), (u64, u64), (u64, u64));
 
 impl Reference {
     /// A reference scheduler for `params`.
@@ -314,7 +314,8 @@ impl Reference {
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
         let decode = (self.gap(backend), self.expected_output());
-        ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), l.pressure, decode)
+        let pressure = (l.pressure, self.held_pressure(backend));
+        ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), pressure, decode)
     }
 
     /// The tick at which the earliest timer fires.

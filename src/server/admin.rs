@@ -415,6 +415,7 @@ fn learned_json(
         "prefix_hit_ratio_age_ms": age(ratio_at, engine.is_some()),
         "kv_pressure": (e.kv_pressure_at > 0).then(|| e.kv_pressure_micro as f64 / 1e6),
         "kv_pressure_age_ms": age(e.kv_pressure_at, e.kv_pressure_at > 0),
+        "kv_held": (e.kv_capacity_tokens > 0).then(|| e.kv_held_micro as f64 / 1e6),
         "decode_weight_tokens": e.decode_weight,
         "decode_ms_per_token": decode_ms,
         "decode_ms_per_token_age_ms": age(e.decode_gap_at, decode_ms.is_some()),

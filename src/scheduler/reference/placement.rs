@@ -5,9 +5,7 @@
 
 use crate::clock::Tick;
 
-use super::super::placement::{
-    CACHE_WEIGHT, DECODE_WEIGHT_KV, DECODE_WEIGHT_MIN, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
-};
+use super::super::placement::{CACHE_WEIGHT, DECODE_WEIGHT_KV, INDEX_BLOCKS_MAX, JOIN_WEIGHT};
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
 use super::super::{decode, estimate};
@@ -143,9 +141,11 @@ impl Reference {
             let here = self.admitted.iter().filter(|a| a.backend == backend);
             here.filter(|a| a.prefill_pending == pending).count() as u64
         };
-        // The decode weight grows with the square of the KV pressure, from a floor.
-        let p = self.learned[usize::from(backend)].pressure;
-        let weight = DECODE_WEIGHT_MIN + DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
+        // The decode weight grows with the square of the KV pressure (at most a full cache);
+        // the pressure is the larger of the engine's averaged usage and the contexts the
+        // router holds there (the decoding streams' and every whole response's prompts).
+        let p = self.pressure(backend).min(1_000_000);
+        let weight = DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
         // Each prefill pending there is delayed by this request's uncached tokens.
         let joined = JOIN_WEIGHT * on(true) * self.uncached(request, backend);
         let cached = self.cache_cost(request, backend).saturating_sub((CACHE_WEIGHT - 1) * least);
@@ -160,6 +160,27 @@ impl Reference {
         let work = self.remaining(backend, now) + unstreamed + cached + joined + weight * on(false);
         let decode = if request.streaming { 0 } else { self.decode_delay(backend) };
         self.at_fastest(work, backend).saturating_add(decode)
+    }
+
+    /// `backend`'s KV pressure in millionths: the larger of its engine's averaged usage and
+    /// [`held_pressure`](Self::held_pressure).
+    fn pressure(&self, backend: u16) -> u64 {
+        self.learned[usize::from(backend)].pressure.max(self.held_pressure(backend))
+    }
+
+    /// The estimated tokens of the prompts admitted to `backend` that its engine holds (a
+    /// streaming one after its first byte, a non-streaming one from its admission) over its
+    /// KV capacity, in millionths; 0 while it has exported none.
+    pub(super) fn held_pressure(&self, backend: u16) -> u64 {
+        let capacity = self.learned[usize::from(backend)].capacity;
+        if capacity == 0 {
+            return 0;
+        }
+        let here = self.admitted.iter().filter(|a| a.backend == backend && !a.prefill_pending);
+        let bytes: u64 = here.map(|a| u64::from(a.request.prompt_bytes)).sum();
+        let (tokens, per) = (self.tokens.0, self.tokens.1.max(1));
+        let held = u128::from(bytes) * u128::from(tokens) / u128::from(per);
+        u64::try_from(held * 1_000_000 / u128::from(capacity)).unwrap_or(u64::MAX)
     }
 
     /// A whole response's client waits for its decode too: the expected output at `backend`'s

@@ -31,19 +31,9 @@ impl H {
             hasher.hash_body(body.as_bytes(), hashes);
             *ends = hasher.ends();
         });
-        let prompt_bytes = body.len() as u32;
-        let arrival = Arrival {
-            id: RequestId(id),
-            session,
-            prompt_bytes,
-            streaming: false,
-            prompt,
-            tenant: 0,
-        };
-        let mut out = Vec::new();
-        self.s.handle(self.now, Input::Arrive(arrival), &mut out);
-        self.s.check_invariants();
-        out.iter()
+        let arrival = arrival(id, session, body.len() as u32, false, prompt);
+        self.outputs(Input::Arrive(arrival))
+            .iter()
             .filter_map(|o| match *o {
                 Output::Admit { id, turn, derived, lane, .. } => Some((id.0, turn, derived, lane)),
                 Output::Reject { .. } => None,

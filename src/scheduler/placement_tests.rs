@@ -41,11 +41,17 @@ impl H {
         H { s: Scheduler::new(params, 0), now: 0 }
     }
 
-    fn send(&mut self, input: Input) -> Vec<(u64, u16)> {
+    /// Applies `input` and checks the invariants: the outputs.
+    fn outputs(&mut self, input: Input) -> Vec<Output> {
         let mut out = Vec::new();
         self.s.handle(self.now, input, &mut out);
         self.s.check_invariants();
-        out.iter()
+        out
+    }
+
+    fn send(&mut self, input: Input) -> Vec<(u64, u16)> {
+        self.outputs(input)
+            .iter()
             .filter_map(|o| match o {
                 Output::Admit { id, backend, .. } => Some((id.0, *backend)),
                 Output::Reject { .. } => None,
@@ -65,15 +71,7 @@ impl H {
         let pool = self.s.prompt_pool().expect("prefix-cost has a pool");
         let prompt = pool.acquire().expect("a free slot");
         pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
-        let arrival = Arrival {
-            id: RequestId(id),
-            session,
-            prompt_bytes: tokens * 4,
-            streaming,
-            prompt,
-            tenant: 0,
-        };
-        self.send(Input::Arrive(arrival))
+        self.send(Input::Arrive(arrival(id, session, tokens * 4, streaming, prompt)))
     }
 
     /// Request `id` of `session` whose prompt is the chain `blocks` (a block's tokens each):
@@ -83,18 +81,8 @@ impl H {
         let prompt = pool.acquire().expect("a free slot");
         pool.with(prompt, |hashes| hashes.extend_from_slice(blocks));
         let tokens = BLOCK_TOKENS * (blocks.len() as u32).max(1);
-        let arrival = Arrival {
-            id: RequestId(id),
-            session,
-            prompt_bytes: tokens * 4,
-            streaming: false,
-            prompt,
-            tenant: 0,
-        };
-        let mut out = Vec::new();
-        self.s.handle(self.now, Input::Arrive(arrival), &mut out);
-        self.s.check_invariants();
-        out.iter()
+        self.outputs(Input::Arrive(arrival(id, session, tokens * 4, false, prompt)))
+            .iter()
             .filter_map(|o| match *o {
                 Output::Admit { id, turn, warm, .. } => Some((id.0, turn, warm)),
                 Output::Reject { .. } => None,
@@ -109,6 +97,17 @@ impl H {
     fn complete(&mut self, id: u64) -> Vec<(u64, u16)> {
         self.send(Input::Complete { id: RequestId(id), success: true, usage: Usage::NONE })
     }
+}
+
+/// Tenant 0's request `id` with `prompt_bytes` of body and the prompt slot `prompt`.
+fn arrival(
+    id: u64,
+    session: Option<u64>,
+    prompt_bytes: u32,
+    streaming: bool,
+    prompt: u32,
+) -> Arrival {
+    Arrival { id: RequestId(id), session, prompt_bytes, streaming, prompt, tenant: 0 }
 }
 
 /// A chain of `n` block hashes starting at `from`.
@@ -457,15 +456,7 @@ fn requests_without_hashes_cost_their_whole_prompt_and_slots_come_back() {
     let mut h = H::new(params(2, 1));
     let pool = h.s.prompt_pool().expect("pool");
     let capacity = pool.capacity();
-    let arrival = Arrival {
-        id: RequestId(1),
-        session: None,
-        prompt_bytes: 400,
-        streaming: false,
-        prompt: NO_PROMPT,
-        tenant: 0,
-    };
-    assert_eq!(h.send(Input::Arrive(arrival)), vec![(1, 0)]);
+    assert_eq!(h.send(Input::Arrive(arrival(1, None, 400, false, NO_PROMPT))), vec![(1, 0)]);
     assert_eq!(h.arrive(2, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![(2, 1)]);
     assert_eq!(h.arrive(3, None, &chain(1, 3), 3 * BLOCK_TOKENS, false), vec![]);
     h.send(Input::Cancel(RequestId(3)));

@@ -175,7 +175,7 @@ impl Scheduler {
             kv_pressure_micro: cache.kv_pressure_micro,
             kv_pressure_at: cache.kv_pressure_at,
             kv_held_micro: self.held_pressure(b),
-            decode_weight: super::placement::decode_weight(self.kv_pressure(b)),
+            decode_weight: self.decode_weight(b),
             decode_gap: self.learned.decode[b].gap,
             decode_gap_at: self.learned.decode[b].gap_at,
             expected_output: self.learned.output.mean(),

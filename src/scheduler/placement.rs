@@ -174,7 +174,9 @@ pub const HOT_PREFIX_TOUCHES: u16 = 32;
 /// long answers). The count took the all-request p99 of the coder workload on engines with a
 /// small KV cache to 0.15-0.88x what the averaged pressure alone gave, which let the floor of
 /// 125 tokens per sequence the averaged pressure needed there go (it cost the chat workload a
-/// tenth of its first-turn p90 on engines with room to spare).
+/// tenth of its first-turn p90 on engines with room to spare) where the engine exports a KV
+/// capacity; where it exports none there is no count, and the floor stays
+/// ([`DECODE_WEIGHT_BLIND`], `Scheduler::decode_weight`).
 pub const fn decode_weight(pressure_micro: u64) -> u64 {
     let p = if pressure_micro < 1_000_000 { pressure_micro } else { 1_000_000 };
     DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000
@@ -182,6 +184,13 @@ pub const fn decode_weight(pressure_micro: u64) -> u64 {
 
 /// The decode weight of a full KV cache ([`decode_weight`]).
 pub const DECODE_WEIGHT_KV: u64 = 2000;
+
+/// What a decoding sequence weighs beyond [`decode_weight`] on a backend whose engine exports
+/// no KV capacity (an `openai` backend, or an engine without the metric), so the router has
+/// no count of its own there: the floor every backend had before the count, measured then to
+/// keep caches that long contexts fill from taking more than their share (perf/RESULTS.md,
+/// "The decode weight's floor, measured again").
+pub const DECODE_WEIGHT_BLIND: u64 = 125;
 
 /// The largest auto-sized prefix index, in blocks (64 MiB of prompt text per backend).
 pub const INDEX_BLOCKS_MAX: u64 = 1 << 18;
@@ -510,6 +519,13 @@ impl Scheduler {
         None
     }
 
+    /// What a sequence backend `b` decodes adds to its cost: [`decode_weight`] of its KV
+    /// pressure, and [`DECODE_WEIGHT_BLIND`] more while its engine has exported no KV capacity.
+    pub(super) fn decode_weight(&self, b: usize) -> u64 {
+        let blind = self.learned.cache[b].kv_capacity_tokens == 0;
+        decode_weight(self.kv_pressure(b)) + if blind { DECODE_WEIGHT_BLIND } else { 0 }
+    }
+
     /// Backend `b`'s KV pressure in millionths, as [`decode_weight`] takes it: the larger of
     /// its engine's averaged usage and [`held_pressure`](Self::held_pressure).
     pub(super) fn kv_pressure(&self, b: usize) -> u64 {
@@ -553,7 +569,7 @@ impl Scheduler {
             let work = backlog
                 + self.cache_cost(b).saturating_sub(everywhere)
                 + JOIN_WEIGHT * pending * self.uncached(b)
-                + decode_weight(self.kv_pressure(b)) * decoding;
+                + self.decode_weight(b) * decoding;
             let gap = self.learned.decode[b].gap;
             let slower = if tolerated == 0 { 0 } else { gap.saturating_sub(tolerated) };
             let decode = decode_delay(output, slower, fastest);

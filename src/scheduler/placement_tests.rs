@@ -146,9 +146,10 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     h.first_byte(1);
     assert_eq!(h.arrive(2, None, &chain(20, 2), 2 * BLOCK_TOKENS, true), vec![(2, 1)]);
     assert_eq!(h.s.backend_prefill_tokens(1), u64::from(2 * BLOCK_TOKENS));
-    // No KV usage or capacity reported: a decoding sequence weighs nothing, and request 3
-    // (nothing cached anywhere) goes to the backend that decodes rather than behind a backlog.
-    assert_eq!(h.s.backend_estimates(0).decode_weight, 0);
+    // No KV usage or capacity reported: a decoding sequence weighs the blind floor, less than
+    // that backlog, and request 3 (nothing cached anywhere) goes to the backend that decodes.
+    assert_eq!(h.s.backend_estimates(0).decode_weight, super::DECODE_WEIGHT_BLIND);
+    assert!(super::DECODE_WEIGHT_BLIND < u64::from(2 * BLOCK_TOKENS));
     assert_eq!(h.arrive(3, None, &chain(30, 2), 2 * BLOCK_TOKENS, true), vec![(3, 0)]);
     h.complete(3);
     // Backend 0's engine reports its KV cache full, scrape after scrape: the pressure climbs
@@ -160,12 +161,14 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
         h.s.backend_estimates(0)
     };
     let e = full(&mut h, 1);
-    assert_eq!((e.kv_pressure_micro, e.decode_weight), (31_250, super::decode_weight(31_250)));
-    assert_eq!(e.decode_weight, 1, "a 32nd of full: almost nothing");
+    let blind = super::DECODE_WEIGHT_BLIND;
+    assert_eq!(e.kv_pressure_micro, 31_250);
+    assert_eq!(e.decode_weight, blind + super::decode_weight(31_250));
+    assert_eq!(e.decode_weight, blind + 1, "a 32nd of full: little more");
     let e = full(&mut h, 99);
     assert!(e.kv_pressure_micro > 950_000, "{e:?}");
-    assert!(e.decode_weight > 1_800, "{e:?}");
-    assert_eq!(h.s.backend_estimates(1).decode_weight, 0, "its own");
+    assert!(e.decode_weight > 1_900, "{e:?}");
+    assert_eq!(h.s.backend_estimates(1).decode_weight, blind, "its own");
     // The same placement as request 3's now goes to the backend with the backlog.
     assert_eq!(h.arrive(4, None, &chain(40, 2), 2 * BLOCK_TOKENS, true), vec![(4, 1)]);
     // A scrape without the gauge changes nothing; reports of an emptier cache bring it down.
@@ -175,7 +178,11 @@ fn a_decoding_sequence_costs_more_as_the_kv_cache_runs_fuller() {
     for _ in 0..200 {
         h.send(usage_of(0, 0));
     }
-    assert_eq!(h.s.backend_estimates(0).decode_weight, 0);
+    assert_eq!(h.s.backend_estimates(0).decode_weight, blind);
+    // Once the engine exports its KV capacity the router counts what it holds there, and the
+    // floor goes: the sequence it decodes (128 tokens) is an eighth of 1,024, 2,000 / 64.
+    h.send(report(0, EngineCache { kv_capacity_tokens: 1024, ..EngineCache::UNKNOWN }));
+    assert_eq!(h.s.backend_estimates(0).decode_weight, 31);
 }
 
 /// The router's own count of the contexts on an engine raises its decode weight before any

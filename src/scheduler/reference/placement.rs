@@ -5,7 +5,9 @@
 
 use crate::clock::Tick;
 
-use super::super::placement::{CACHE_WEIGHT, DECODE_WEIGHT_KV, INDEX_BLOCKS_MAX, JOIN_WEIGHT};
+use super::super::placement::{
+    CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
+};
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
 use super::super::{decode, estimate};
@@ -145,7 +147,11 @@ impl Reference {
         // the pressure is the larger of the engine's averaged usage and the contexts the
         // router holds there (the decoding streams' and every whole response's prompts).
         let p = self.pressure(backend).min(1_000_000);
-        let weight = DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
+        let mut weight = DECODE_WEIGHT_KV * (p * p / 1_000_000) / 1_000_000;
+        // An engine that exports no KV capacity gives the router no count: a floor instead.
+        if self.learned[usize::from(backend)].capacity == 0 {
+            weight += DECODE_WEIGHT_BLIND;
+        }
         // Each prefill pending there is delayed by this request's uncached tokens.
         let joined = JOIN_WEIGHT * on(true) * self.uncached(request, backend);
         let cached = self.cache_cost(request, backend).saturating_sub((CACHE_WEIGHT - 1) * least);

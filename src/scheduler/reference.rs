@@ -175,8 +175,9 @@ pub struct Reference {
 }
 
 /// What the differential harness compares of a backend's estimates: the prefill rate, the
-/// budget, the exported KV capacity, the index's capacity and the restarts; the KV pressure; the
-/// decode gap and the model's expected output.
+/// budget, the exported KV capacity, the index's capacity and the restarts; the KV pressure and
+/// the router's count of what it holds against the capacity; the decode gap and the model's
+/// expected output.
 pub type Estimates = ((u64, u64, u64, u64, u64, u64), (u64, u64), (u64, u64));
 
 impl Reference {
@@ -305,7 +306,7 @@ impl Reference {
     }
 
     /// What it learned of `backend`, as the scheduler reports it: rate, budget, KV capacity,
-    /// index capacity, engine restarts; KV pressure; decode gap and the model's expected output
+    /// index capacity, engine restarts; KV pressure, held pressure; decode gap and the model's expected output
     /// (the ticks of each change are not restated: the harness compares these fields only).
     pub fn backend_estimates(&self, backend: u16) -> Estimates {
         let b = usize::from(backend);

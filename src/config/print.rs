@@ -9,7 +9,8 @@ use super::duration::format_duration;
 use super::{Config, ModelConfig, QueueConfig, ServerConfig, Setting, TenantConfig};
 use super::{RateLimitConfig, UpstreamConfig};
 use crate::credential::hex;
-use crate::scheduler::estimate::{BUDGET_UNLEARNED, INDEX_DEFAULT_BLOCKS, WAITING_TARGET};
+use crate::scheduler::cache_model::INDEX_DEFAULT_BLOCKS;
+use crate::scheduler::estimate::{BUDGET_UNLEARNED, WAITING_TARGET};
 
 /// The whole document.
 pub(crate) fn config(config: &Config) -> String {

@@ -21,7 +21,8 @@
 //!   placement wait), a module of its own because the shards use it too;
 //! - [`policy`]: per-backend state, gates and backend choice;
 //! - [`estimate`]: what it learns of its model and each backend (issue \[8\]), with
-//!   [`decode`] for each backend's decode speed and the model's output length;
+//!   [`decode`] for each backend's decode speed and the model's output length and
+//!   [`cache_model`] for what each engine says of its caches;
 //! - [`prefix`] and `placement`: S16's per-backend prefix indexes and placement scan;
 //! - `admitted`: an admitted request's binding, first byte and end, and the per-backend counts
 //!   they move.
@@ -58,6 +59,7 @@
 
 mod admitted;
 mod api;
+pub mod cache_model;
 pub mod decode;
 mod derive;
 pub mod estimate;

@@ -151,7 +151,7 @@ pub const HOT_PREFIX_TOUCHES: u16 = 32;
 /// What a sequence a backend is decoding (admitted, first byte seen) adds to its cost, in
 /// tokens: [`DECODE_WEIGHT_KV`] times the square of the backend's KV pressure
 /// (`pressure_micro`, in millionths; `Scheduler::kv_pressure`): the larger of its engine's KV
-/// usage averaged over its last scrapes (`estimate::CacheModel::kv_usage`) and the router's own
+/// usage averaged over its last scrapes (`cache_model::CacheModel::kv_usage`) and the router's own
 /// count, the estimated tokens of the prompts it has on that engine past their prefill (a
 /// stream after its first byte, a whole response from its admission) over the engine's
 /// exported KV capacity.

@@ -32,7 +32,7 @@ use crate::credential::{BackendKey, Digest, KeyTable};
 use crate::protocol::Limits;
 use crate::ring::prompt_pool::PromptPool;
 use crate::ring::{InboxWaker, Ring};
-use crate::scheduler::estimate::INDEX_DEFAULT_BLOCKS;
+use crate::scheduler::cache_model::INDEX_DEFAULT_BLOCKS;
 use crate::scheduler::{Budget, IndexSize, Params, PrefixParams, Routing, Scheduler};
 
 use super::host::{Host, Inbox};

@@ -5,9 +5,9 @@
 
 use crate::clock::Tick;
 
-use super::super::decode;
 use super::super::estimate::{self, rate_order};
 use super::super::tracker::reference::SessionTracker;
+use super::super::{cache_model, decode};
 use super::super::{Budget, EngineCache, RequestId, Routing, Snapshot, Usage};
 use super::{Admitted, Reference};
 
@@ -74,7 +74,7 @@ impl Learned {
             counters: None,
             period: (0, 0, 0, false),
             counter_seen: false,
-            index_scale: estimate::INDEX_SCALE_START,
+            index_scale: cache_model::INDEX_SCALE_START,
             restarts: 0,
             restarted_at: 0,
             pressure: 0,
@@ -148,7 +148,7 @@ impl Reference {
         }
         if cache.kv_usage_micro != EngineCache::NO_USAGE {
             let usage = u64::from(cache.kv_usage_micro).min(1_000_000);
-            let n = estimate::KV_PRESSURE_SCRAPES;
+            let n = cache_model::KV_PRESSURE_SCRAPES;
             l.pressure = (l.pressure * (n - 1) + usage) / n;
         }
         let (queries, hits) = (cache.prefix_queries, cache.prefix_hits);

@@ -10,7 +10,7 @@ use super::super::placement::{
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
-use super::super::{decode, estimate};
+use super::super::{cache_model, decode};
 use super::super::{IndexSize, Lane, Routing};
 use super::{Admitted, Queued, Reference, NONE};
 
@@ -20,7 +20,7 @@ impl Reference {
     pub(super) fn calibrate(&mut self, backend: u16) -> bool {
         let l = &mut self.learned[usize::from(backend)];
         let (tokens, predicted, engine, from_usage) = l.period;
-        if tokens < estimate::CALIBRATION_TOKENS {
+        if tokens < cache_model::CALIBRATION_TOKENS {
             return false;
         }
         l.period = (0, 0, 0, false);
@@ -30,9 +30,9 @@ impl Reference {
         let old = l.index_scale;
         let slack = tokens / 100;
         if predicted > engine + engine / 2 + slack {
-            l.index_scale = (old - old / 4).max(estimate::INDEX_SCALE_MIN);
+            l.index_scale = (old - old / 4).max(cache_model::INDEX_SCALE_MIN);
         } else if predicted + predicted / 4 + slack < engine {
-            l.index_scale = (old + old.div_ceil(4)).min(estimate::INDEX_SCALE_MAX);
+            l.index_scale = (old + old.div_ceil(4)).min(cache_model::INDEX_SCALE_MAX);
         }
         l.index_scale != old
     }

@@ -64,12 +64,14 @@ fn connections_left_in_the_listen_queue_are_accepted_once_descriptors_free_up() 
     let mut clients: Vec<TcpStream> =
         (0..CLIENTS).map(|_| TcpStream::connect(addr).expect("the kernel queues it")).collect();
     std::thread::sleep(Duration::from_millis(300));
-    // A scrape meanwhile: the admin thread serves it (its blocking `accept` took a descriptor
-    // before they ran out, and closing the scrape's gives it back). Then a second of waiting:
-    // the shard retries its `accept` without spinning (a spinning thread takes about 100
-    // ticks a second; a retry on every loop turn fails this, checked). The admin thread's
-    // pause after a failed `accept` is for when another thread takes the descriptor it gave
-    // back, which this test does not provoke.
+    // A scrape meanwhile: the admin thread serves it with the descriptor it keeps in reserve
+    // (without it, the scrape waited for clients to leave whenever the admin thread reached its
+    // `accept` after the shard had taken every descriptor: checked with the thread's start
+    // delayed 1.5 s, fails without the reserve). Then a second of waiting: the shard retries
+    // its `accept` without spinning (a spinning thread takes about 100 ticks a second; a retry
+    // on every loop turn fails this, checked). The admin thread's pause after a failed
+    // `accept` is for when another thread takes the descriptor it gave back, which this test
+    // does not provoke.
     let text = client::metrics(admin);
     assert!(client::metric(&text, "warmpath_accept_errors_total", &[]).is_some_and(|n| n >= 1.0));
     let before = cpu_ticks(child.id());

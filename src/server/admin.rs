@@ -13,6 +13,15 @@
 //! lines, which RFC 9110 5.3 makes the same as one `Bearer, Basic realm="warmpath admin"`;
 //! browsers parse separate lines more reliably). The token is read from the active generation
 //! on each request, so a reload that sets, changes or clears it applies to the next one.
+//!
+//! Out of descriptors (EMFILE), `/metrics` is what an operator needs most, and the shards, which
+//! accept until none is left, would take every one. The thread keeps one in reserve
+//! ([`Reserve`], opened before the shards start): an `accept` that fails for want of a
+//! descriptor gives it back and is tried again at once, and the reserve is taken again as soon
+//! as the scrape's connection closes. (Linux's `accept` takes its descriptor when called, not
+//! when a connection arrives, so a thread already blocked in it holds one; a thread that came to
+//! it late, or after a shard took the number a scrape gave back, held none and was stuck until
+//! clients left. tests/descriptors.rs failed that way once, in CI.)
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -53,9 +62,38 @@ pub struct AdminThread {
 /// How long the admin thread waits after a failed `accept` before the next.
 const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The descriptor the admin thread holds in reserve for a scrape while the shards have taken
+/// every other one (see the module doc): an open `/dev/null`, or none while given back.
+#[derive(Debug)]
+pub struct Reserve(Option<std::fs::File>);
+
+impl Reserve {
+    /// Takes the reserve (none when not even one descriptor is free: the thread then waits for
+    /// one like the shards do).
+    pub fn open() -> Reserve {
+        Reserve(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// Gives the descriptor back, for the next `accept` to take; false when none was held.
+    fn release(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+
+    /// Takes a descriptor again if none is held.
+    fn refill(&mut self) {
+        if self.0.is_none() {
+            *self = Reserve::open();
+        }
+    }
+}
+
 impl AdminThread {
-    /// Serves `listener` until stopped.
-    pub fn spawn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<AdminThread> {
+    /// Serves `listener` until stopped, keeping `reserve` for when descriptors run out.
+    pub fn spawn(
+        listener: TcpListener,
+        mut reserve: Reserve,
+        shared: Arc<Shared>,
+    ) -> io::Result<AdminThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let addr = listener.local_addr()?;
         let flag = Arc::clone(&stop);
@@ -66,11 +104,19 @@ impl AdminThread {
                 }
                 match stream {
                     Ok(stream) => {
+                        // The connection's descriptor closes within `serve`; the reserve takes
+                        // it back at once if it was the reserve's.
                         let _ = serve(stream, &shared);
+                        reserve.refill();
                     }
-                    // Out of descriptors (EMFILE): the connection stays queued, and a blocking
-                    // accept would fail again at once; wait rather than spin on a core.
-                    Err(_) => std::thread::sleep(ACCEPT_RETRY),
+                    // Out of descriptors (EMFILE): the reserve's is free for the next accept.
+                    Err(_) if reserve.release() => {}
+                    // None in reserve either: the connection stays queued, and a blocking accept
+                    // would fail again at once; wait rather than spin on a core.
+                    Err(_) => {
+                        std::thread::sleep(ACCEPT_RETRY);
+                        reserve.refill();
+                    }
                 }
             }
         })?;

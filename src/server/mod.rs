@@ -386,9 +386,11 @@ pub fn start_with(
         }
         RateLimitStore::Local => None,
     };
+    // Before the shards, which may take every descriptor there is as soon as they start.
+    let reserve = admin::Reserve::open();
     let parts = polls.into_iter().zip(listeners).zip(hosted);
     let shards = spawn_shards(parts, &shared, &generation, pin_cores)?;
-    let admin = admin::AdminThread::spawn(admin_listener, Arc::clone(&shared))?;
+    let admin = admin::AdminThread::spawn(admin_listener, reserve, Arc::clone(&shared))?;
     Ok(Running { shared, addr, admin_addr, shards, control, admin, access_log, store })
 }
 

@@ -53,7 +53,9 @@ fn engine_profile(spec: &str) -> warmpath::sim::engine::EngineParams {
 /// prompt (tool definitions), short steps and answers, many turns in quick succession;
 /// `coder`, a coding agent whose context grows by a file and an answer each turn to about 16k
 /// tokens (a few dozen such sessions fill an H100's KV cache); `summarize`, one turn each of a
-/// long document nobody else sends (nothing to reuse but a short instruction).
+/// long document nobody else sends (nothing to reuse but a short instruction); `reason`, short
+/// questions with answers of 2,000 tokens (a reasoning model: decoding dominates, and the KV
+/// cache fills with what the engines generate, not with prompts).
 fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
     use warmpath::bench::synthetic::MultiTurn;
     let base = MultiTurn { rate: 5.0, duration: Duration::from_secs(400), ..MultiTurn::default() };
@@ -75,6 +77,16 @@ fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
             new_words: 600,
             answer_tokens: 350,
             think_mean: Duration::from_secs(3),
+            ..base
+        },
+        "reason" => MultiTurn {
+            rate: 1.0,
+            turns: 3,
+            system_words: 100,
+            context_words: 150,
+            new_words: 50,
+            answer_tokens: 2000,
+            think_mean: Duration::from_secs(20),
             ..base
         },
         "summarize" => MultiTurn {
@@ -120,7 +132,7 @@ fn main() {
             &trace::read_ragpulse(&trace::trace_file(&dir, trace::RAGPULSE_FILE).unwrap()).unwrap(),
             1.0,
         ),
-        "chat" | "agent" | "coder" | "summarize" => synthetic(trace_name),
+        "chat" | "agent" | "coder" | "summarize" | "reason" => synthetic(trace_name),
         other => panic!("unknown trace {other}"),
     };
     let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());

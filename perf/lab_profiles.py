@@ -17,8 +17,9 @@ of perf/matrix.sh are. What it adds is engines no replay has.
 TRACES (default `mooncake ragpulse chat agent`) names the workloads: the two traces and the
 fleet example's synthetic `chat` (short prompts, long answers) and `agent` (a long shared
 system prompt, short quick steps), which resemble neither trace; the fleet example also has
-`coder` (a context growing to about 16k tokens) and `summarize` (one long unshared prompt per
-request, no follow-ups), not in the default. PROFILES (space-separated,
+`coder` (a context growing to about 16k tokens), `summarize` (one long unshared prompt per
+request, no follow-ups) and `reason` (short questions, answers of 2,000 tokens: decoding
+dominates), not in the default. PROFILES (space-separated,
 default the ten below) names the engine models, a comma between the engines of one fleet (a
 single profile is two engines of it). TARGETS (default `default
 cache_aware`) names the fleet example's routers to run; the first is compared with the second.

@@ -4,7 +4,9 @@
 //! edge-triggered listener; once clients leave, the waiting connections must be accepted
 //! without a new connection arriving to wake the listener, and the failures counted. A request
 //! that comes while no descriptor is left for its upstream connection is answered 503, and the
-//! backend, which did nothing wrong, is not blamed for it.
+//! backend, which did nothing wrong, is not blamed for it. Nor is it by a health check the
+//! router cannot open then: the backend stays in service. The admin listener answers
+//! throughout, from the descriptor it keeps in reserve.
 //!
 //! How many of the clients the router takes depends on how many descriptors it inherits (a test
 //! harness or CI runner may leave some open): the test holds no more clients open than any
@@ -14,7 +16,8 @@
 mod support;
 
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use support::backend::Backend;
@@ -28,38 +31,64 @@ const LIMIT: usize = 64;
 /// Client connections opened, well past what the limit lets the router accept.
 const CLIENTS: usize = 100;
 
+/// `warmpath serve` under the descriptor limit, one backend for model [`M`], checked every
+/// `interval`; its standard error goes to a file beside its configuration, named after `name`.
+struct Limited {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    log: PathBuf,
+    _backend: Backend,
+}
+
+impl Limited {
+    fn start(name: &str, interval: &str) -> Limited {
+        let backend = Backend::start();
+        let (listen, admin) =
+            (support::silent::refusing_address(), support::silent::refusing_address());
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.toml"));
+        let setup = Setup::new()
+            .model(M, &[backend.address()])
+            .upstream("metrics_interval", interval)
+            .upstream("metrics_stale_after", "60s")
+            .server("listen", &listen)
+            .server("admin_listen", &admin);
+        std::fs::write(&path, setup.toml()).unwrap();
+        // Its standard error (the start's warning, the failures' log lines) is kept beside the
+        // configuration, for a look after a failure.
+        let log = path.with_extension("log");
+        let script =
+            format!("ulimit -n {LIMIT} && exec \"$0\" serve --config \"$1\" 2>\"$2\" >/dev/null");
+        let child = Command::new("sh")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_warmpath")])
+            .args([path.to_str().unwrap(), log.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sh runs");
+        let (addr, admin) = (listen.parse().unwrap(), admin.parse().unwrap());
+        wait_until("the router to listen", PATIENCE, || TcpStream::connect(addr).ok());
+        wait_until("the router to be ready", PATIENCE, || {
+            (client::get(addr, "/readyz").status == 200).then_some(())
+        });
+        Limited { child, addr, admin, log, _backend: backend }
+    }
+
+    /// Stops the router; it exits 0.
+    fn stop(mut self) {
+        support::signal(&self.child, "TERM");
+        let child = &mut self.child;
+        let status =
+            wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("try_wait"));
+        assert_eq!(status.code(), Some(0), "{status:?}");
+    }
+}
+
 #[test]
 fn connections_left_in_the_listen_queue_are_accepted_once_descriptors_free_up() {
-    let backend = Backend::start();
-    let (listen, admin) =
-        (support::silent::refusing_address(), support::silent::refusing_address());
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("descriptors.toml");
-    let setup = Setup::new()
-        .model(M, &[backend.address()])
-        // One health check at start and none during the test: no descriptor comes and goes
-        // but the clients'.
-        .upstream("metrics_interval", "60s")
-        .upstream("metrics_stale_after", "60s")
-        .server("listen", &listen)
-        .server("admin_listen", &admin);
-    std::fs::write(&path, setup.toml()).unwrap();
-    // Its standard error (the start's warning, the failures' log line) is kept beside the
-    // configuration, for a look after a failure.
-    let log = path.with_extension("log");
-    let script =
-        format!("ulimit -n {LIMIT} && exec \"$0\" serve --config \"$1\" 2>\"$2\" >/dev/null");
-    let mut child = Command::new("sh")
-        .args(["-c", &script, env!("CARGO_BIN_EXE_warmpath")])
-        .args([path.to_str().unwrap(), log.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("sh runs");
-    let (addr, admin): (SocketAddr, SocketAddr) = (listen.parse().unwrap(), admin.parse().unwrap());
-    wait_until("the router to listen", PATIENCE, || TcpStream::connect(addr).ok());
-    wait_until("the router to be ready", PATIENCE, || {
-        (client::get(addr, "/readyz").status == 200).then_some(())
-    });
-
+    // One health check at start and none during the test: no descriptor comes and goes but the
+    // clients'.
+    let router = Limited::start("descriptors", "60s");
+    let (addr, admin) = (router.addr, router.admin);
     // More clients than descriptors: the router accepts what it can, the rest wait.
     let mut clients: Vec<TcpStream> =
         (0..CLIENTS).map(|_| TcpStream::connect(addr).expect("the kernel queues it")).collect();
@@ -74,9 +103,9 @@ fn connections_left_in_the_listen_queue_are_accepted_once_descriptors_free_up() 
     // does not provoke.
     let text = client::metrics(admin);
     assert!(client::metric(&text, "warmpath_accept_errors_total", &[]).is_some_and(|n| n >= 1.0));
-    let before = cpu_ticks(child.id());
+    let before = cpu_ticks(router.child.id());
     std::thread::sleep(Duration::from_secs(1));
-    let spent = cpu_ticks(child.id()) - before;
+    let spent = cpu_ticks(router.child.id()) - before;
     assert!(spent < 30, "{spent} ticks of CPU in 1 s while out of descriptors");
     // The first client, which the router took, sends a request: no descriptor is left for the
     // upstream connection (any that came free went to a waiting client within the retry's 100
@@ -104,9 +133,35 @@ fn connections_left_in_the_listen_queue_are_accepted_once_descriptors_free_up() 
     // The admin listener serves again too.
     let text = client::metrics(admin);
     assert!(client::metric(&text, "warmpath_accept_errors_total", &[]).is_some_and(|n| n >= 1.0));
-    support::signal(&child, "TERM");
-    let status = wait_until("exit after SIGTERM", PATIENCE, || child.try_wait().expect("try_wait"));
-    assert_eq!(status.code(), Some(0), "{status:?}");
+    router.stop();
+}
+
+/// Health checks the router cannot open for want of descriptors say nothing of the backend:
+/// it stays in service. (Counted as failed checks, they took every healthy backend out of
+/// service while the router was out of descriptors, and kept them out until the next checks
+/// after descriptors freed up: checked, `warmpath_backend_up` 0 before the change.)
+#[test]
+fn checks_the_router_cannot_open_leave_the_backend_in_service() {
+    let router = Limited::start("descriptors-checks", "100ms");
+    let (addr, admin) = (router.addr, router.admin);
+    let clients: Vec<TcpStream> =
+        (0..CLIENTS).map(|_| TcpStream::connect(addr).expect("the kernel queues it")).collect();
+    // Checks come due every 100 ms while the clients hold every descriptor; each fails to open
+    // its connection, and says so on standard error (once).
+    let log = &router.log;
+    wait_until("a check to fail for want of descriptors", PATIENCE, || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.contains("cannot open a connection to check").then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let text = client::metrics(admin);
+    let up = client::metric(&text, "warmpath_backend_up", &[("model", M)]);
+    assert_eq!(up, Some(1.0), "the backend taken out of service by the router's own shortage");
+    drop(clients);
+    // And a request once the clients have gone is served at once (no check needed first).
+    let response = client::exchange(addr, &chat_request(M, None, false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    router.stop();
 }
 
 /// User and system CPU time of process `pid` so far, in clock ticks (`/proc/PID/stat`).

@@ -50,6 +50,16 @@ pub enum ProbeError {
     TooLarge,
 }
 
+/// Whether a socket call failed for want of the router's own resources rather than through
+/// anything a peer did: descriptors (EMFILE, the process's open-file limit; ENFILE, the
+/// system's), kernel memory (ENOBUFS, ENOMEM) or local ports (EADDRNOTAVAIL). Such a failure
+/// says nothing of the backend: the shards answer its request 503 without blaming the backend,
+/// and a check leaves the backend's health as it was (`prober`).
+pub fn short_of_resources(error: &io::Error) -> bool {
+    let shortages = [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM, libc::EADDRNOTAVAIL];
+    error.raw_os_error().is_some_and(|errno| shortages.contains(&errno))
+}
+
 impl std::fmt::Display for ProbeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

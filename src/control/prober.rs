@@ -3,7 +3,10 @@
 //!
 //! A check is the health exchange (`GET health_path`), then, when that answered 2xx and the
 //! engine exports metrics we read, the metrics exchange (`GET /metrics`); it ends with one
-//! [`Snapshot`] handed to the caller. Each exchange opens its own connection (the request asks
+//! [`Snapshot`] handed to the caller, except when its health exchange cannot open a connection
+//! for want of the router's own descriptors or memory (`probe::short_of_resources`): that says
+//! nothing of the backend, which keeps the health the last check gave it, and the check ends
+//! without a snapshot. Each exchange opens its own connection (the request asks
 //! the server to close it) and has its own deadlines: `connect_timeout` from the `connect`
 //! until the connection is established, then `exchange_timeout` for the request and the whole
 //! answer. A slot starts its next check `metrics_interval` after its last one started, or at
@@ -58,7 +61,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use crate::clock::{Clock, Tick, TickRate};
 use crate::scheduler::{EngineCache, Snapshot};
 
-use super::probe::{write_request, ProbeError, ProbeLimits, Response};
+use super::probe::{short_of_resources, write_request, ProbeError, ProbeLimits, Response};
 use super::scrape::{parse_gauges, EngineGauges};
 use super::thread::{Plan, Target};
 
@@ -92,6 +95,10 @@ pub const RESOLVE_EVERY: Duration = Duration::from_secs(30);
 
 /// The token of the waker that [`super::thread::ControlThread::stop`] uses.
 const WAKER: Token = Token(usize::MAX);
+
+/// The least time between two log lines about checks the router could not open for want of its
+/// own descriptors ([`Slots::short_of_resources`]).
+const SHORTAGE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Read scratch, shared by the slots.
 const SCRATCH_BYTES: usize = 64 << 10;
@@ -255,6 +262,8 @@ struct Slots {
     lookups: Option<Lookups>,
     /// Some target's host name stopped resolving to the dataplane's address.
     moved: bool,
+    /// When a check that could not open its connection for want of descriptors was last logged.
+    shortage_logged: Option<Tick>,
 }
 
 /// Name lookups off the control thread (module doc): a thread that resolves one `host:port`
@@ -297,6 +306,7 @@ impl Prober {
                 resolver: system_resolver,
                 lookups: None,
                 moved: false,
+                shortage_logged: None,
             },
         })
     }
@@ -546,6 +556,11 @@ impl Slots {
             // Closing the socket removes it from the epoll set anyway.
             let _ = registry.deregister(&mut stream);
         }
+        if let (Step::Health, Err(ProbeError::Connect(e))) = (step, &result) {
+            if short_of_resources(e) {
+                return self.short_of_resources(index, e, now);
+            }
+        }
         if matches!(result, Err(ProbeError::Connect(_) | ProbeError::Resolve(_))) {
             slot.addr = None;
             slot.connect_failed = true;
@@ -571,6 +586,29 @@ impl Slots {
         done(&self.plan.targets[index], snapshot(slot.healthy, gauges, now, new_engine));
         let interval = self.ticks(self.plan.settings.interval);
         let next = self.slots[index].started.saturating_add(interval).max(now);
+        self.set_due(index, next);
+    }
+
+    /// A check of slot `index` could not open its connection for want of the router's own
+    /// descriptors or memory (`error`). That says nothing of the backend: no snapshot, so its
+    /// health and gauges stay as the last check left them (the gauges age towards
+    /// `metrics_stale_after` as any unanswered scrape's do), and the next check is at its usual
+    /// time. Counted as a failed health check, a router out of descriptors took every healthy
+    /// backend out of service until its next checks after they freed up. Logged once a minute
+    /// at most.
+    fn short_of_resources(&mut self, index: usize, error: &io::Error, now: Tick) {
+        let every = self.ticks(SHORTAGE_LOG_EVERY);
+        if self.shortage_logged.is_none_or(|at| now.saturating_sub(at) >= every) {
+            self.shortage_logged = Some(now);
+            eprintln!(
+                "warmpath: control: cannot open a connection to check {}: {error}; its health \
+                 stays as it was (raise the open-file limit, e.g. LimitNOFILE)",
+                self.plan.targets[index].addr
+            );
+        }
+        let slot = &mut self.slots[index];
+        slot.state = State::Idle;
+        let next = slot.started.saturating_add(self.ticks(self.plan.settings.interval)).max(now);
         self.set_due(index, next);
     }
 

@@ -235,14 +235,6 @@ impl Cx<'_> {
     }
 }
 
-/// Whether a socket call failed for want of the router's own resources rather than through
-/// anything a peer did: descriptors (EMFILE, the process's open-file limit; ENFILE, the
-/// system's), kernel memory (ENOBUFS, ENOMEM) or local ports (EADDRNOTAVAIL).
-fn short_of_resources(error: &io::Error) -> bool {
-    let shortages = [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM, libc::EADDRNOTAVAIL];
-    error.raw_os_error().is_some_and(|errno| shortages.contains(&errno))
-}
-
 /// The least time between two log lines about one kind of failure that can repeat thousands
 /// of times a second (running out of descriptors); a counter counts each.
 const LOG_EVERY: Duration = Duration::from_secs(60);

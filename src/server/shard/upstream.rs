@@ -357,7 +357,7 @@ impl Upstreams {
                 Ok(up) => up,
                 Err(e) => {
                     self.scratch = head;
-                    if super::short_of_resources(&e) {
+                    if crate::control::probe::short_of_resources(&e) {
                         return self.short_of_resources(key, model, &e, clients, cx);
                     }
                     return self.failed_before_connect(key, model, admission.backend, clients, cx);

@@ -4,6 +4,7 @@
 //! cargo run --release --example fleet -- TRACE PROFILE[,PROFILE] LOAD ROUTER [KEY=VALUE ...]
 //! ROUTER: fifo-li | boost-sa | boost-pc | fifo-pc | li | cache_aware; KEY=VALUE as `--set`.
 //! PROFILE may override a named profile's values: `l4-3b/kv_blocks=4000/max_num_seqs=64`.
+//! TRACE `custom` is a synthetic workload shaped by MULTITURN (see `custom`).
 //! DETAIL=1 prints what it learned and each engine's share; TRACE_BUDGET=1 each control round.
 //! UNSTREAMED=PCT makes that share of sessions ask for whole responses (no first byte for the
 //! router before the end; `FleetSpec::unstreamed_percent`); NO_STREAM=1 is UNSTREAMED=100.
@@ -98,6 +99,7 @@ fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
             answer_tokens: 200,
             ..base
         },
+        "custom" => custom(base),
         _ => MultiTurn {
             rate: 2.0,
             turns: 8,
@@ -110,6 +112,28 @@ fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
         },
     };
     spec.workload()
+}
+
+/// `custom`: `base` with the fields MULTITURN names, e.g.
+/// `MULTITURN=turns=2,system_words=50,context_words=0,new_words=30,answer_tokens=5,think_ms=500`
+/// (a shape no named workload has, for a sweep).
+fn custom(base: warmpath::bench::synthetic::MultiTurn) -> warmpath::bench::synthetic::MultiTurn {
+    let mut spec = base;
+    let fields = std::env::var("MULTITURN").expect("MULTITURN=KEY=VALUE,... for custom");
+    for field in fields.split(',').filter(|f| !f.is_empty()) {
+        let (key, value) = field.split_once('=').expect("KEY=VALUE");
+        let v: u32 = value.parse().expect("an integer");
+        match key {
+            "turns" => spec.turns = v,
+            "system_words" => spec.system_words = v,
+            "context_words" => spec.context_words = v,
+            "new_words" => spec.new_words = v,
+            "answer_tokens" => spec.answer_tokens = v,
+            "think_ms" => spec.think_mean = Duration::from_millis(u64::from(v)),
+            other => panic!("unknown MULTITURN key {other}"),
+        }
+    }
+    spec
 }
 
 #[allow(clippy::too_many_lines)] // the fleet lab's driver, older than the lint (issue [9])
@@ -132,7 +156,7 @@ fn main() {
             &trace::read_ragpulse(&trace::trace_file(&dir, trace::RAGPULSE_FILE).unwrap()).unwrap(),
             1.0,
         ),
-        "chat" | "agent" | "coder" | "summarize" | "reason" => synthetic(trace_name),
+        "chat" | "agent" | "coder" | "summarize" | "reason" | "custom" => synthetic(trace_name),
         other => panic!("unknown trace {other}"),
     };
     let window: Option<f64> = std::env::var("WINDOW").ok().map(|w| w.parse().unwrap());

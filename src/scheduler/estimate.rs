@@ -29,7 +29,17 @@
 //! request was admitted before the backend's previous first byte, and then the time since that
 //! previous first byte is its service time, with neither idle time nor the trip to the engine
 //! in it. [`WINDOW_EVENTS`] such first bytes close a window `(tokens, ticks)` (the requests'
-//! estimated uncached tokens over their service times); the rate is the median of the last
+//! estimated uncached tokens over their service times), once no one request is more than a
+//! [`WINDOW_DOMINANCE`]th of its tokens (or at [`WINDOW_EVENTS_MAX`] first bytes). An engine
+//! that batches prefills does not serve them one after another: short prompts that share steps
+//! with a long one reach their first bytes first, so the service times the long one took are
+//! charged to the short ones and its tokens land after them, maybe in the next window. A window
+//! that ends between the two then reads a rate several times too low or too high. On a
+//! workload of 10k-token documents followed by short follow-ups, two identical H100s learned
+//! rates a quarter apart in two of three runs, and the placement sent the slower-looking one
+//! the wrong share of sessions (all p99 1.16x `cache_aware`'s; `perf/RESULTS.md`, nineteenth
+//! session); a window that holds several long prompts takes the boundary's error a few times
+//! smaller. The rate is the median of the last
 //! [`RATE_WINDOWS`] windows (ordered exactly, by cross-multiplication), robust to the outlier
 //! windows that a preemption or a burst of long decodes makes. It follows a step change in
 //! engine speed within about half of [`RATE_WINDOWS`] windows. Decode interference (long steps
@@ -101,6 +111,11 @@ use super::decode::{Decode, OutputLength};
 
 /// First bytes per rate sample.
 pub const WINDOW_EVENTS: u32 = 8;
+/// A window of first bytes closes only once its tokens are at least this many times its
+/// largest request's, or at [`WINDOW_EVENTS_MAX`] first bytes (module doc, "Prefill rate").
+pub const WINDOW_DOMINANCE: u64 = 4;
+/// First bytes after which a window closes whatever its largest request.
+pub const WINDOW_EVENTS_MAX: u32 = 64;
 /// Rate samples in the windowed maximum.
 pub const RATE_WINDOWS: usize = 8;
 /// Once the times to first byte of a backend's requests served alone sum past this many ticks,
@@ -182,6 +197,8 @@ pub struct Prefill {
     window_tokens: u64,
     window_ticks: u64,
     window_events: u32,
+    /// The largest request's tokens in the window ([`WINDOW_DOMINANCE`]).
+    window_largest: u64,
     /// Closed windows.
     windows: RateWindows,
     /// Estimated tokens and ticks (admission to first byte) of the first bytes of requests that
@@ -202,6 +219,7 @@ impl Prefill {
         window_tokens: 0,
         window_ticks: 0,
         window_events: 0,
+        window_largest: 0,
         windows: RateWindows::NEW,
         alone: (0, 0),
         rate: (0, 0),
@@ -219,7 +237,11 @@ impl Prefill {
             self.window_tokens += tokens;
             self.window_ticks += now - self.last_first_byte;
             self.window_events += 1;
-            if self.window_events >= WINDOW_EVENTS {
+            self.window_largest = self.window_largest.max(tokens);
+            let diluted = self.window_tokens >= WINDOW_DOMINANCE * self.window_largest;
+            if self.window_events >= WINDOW_EVENTS_MAX
+                || (self.window_events >= WINDOW_EVENTS && diluted)
+            {
                 self.close_window(now);
             }
         } else if alone {
@@ -270,6 +292,7 @@ impl Prefill {
     fn close_window(&mut self, now: Tick) {
         let sample = (self.window_tokens, self.window_ticks.max(1));
         (self.window_tokens, self.window_ticks, self.window_events) = (0, 0, 0);
+        self.window_largest = 0;
         if sample.0 == 0 {
             return;
         }
@@ -522,6 +545,29 @@ mod tests {
         p.first_byte(now + 1_000_000 + 150, now + 1_000_000, 1000, true);
         assert_eq!((p.windows.len, p.window_events), (windows, 0), "idle starts are not service");
         assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+    }
+
+    /// A window does not close while one prompt is more than a [`WINDOW_DOMINANCE`]th of its
+    /// tokens: seven short prompts and a long one (8 first bytes) stay open; three more long
+    /// ones close it, at the true rate. At [`WINDOW_EVENTS_MAX`] first bytes it closes whatever
+    /// it holds.
+    #[test]
+    fn a_window_closes_once_no_one_prompt_dominates_it() {
+        let mut p = Prefill::NEW;
+        // The first of a busy period measures nothing: eight short, seven counted.
+        let now = back_to_back(&mut p, 1_000, 8, 100, 10);
+        let now = back_to_back(&mut p, now, 1, 10_000, 10);
+        assert_eq!((p.windows.len, p.window_events), (0, 8), "10,700 tokens, one of 10,000");
+        let now = back_to_back(&mut p, now, 2, 10_000, 10);
+        assert_eq!(p.windows.len, 0, "30,700 tokens: still under four times 10,000");
+        let now = back_to_back(&mut p, now, 1, 10_000, 10);
+        assert_eq!((p.windows.len, p.window_events), (1, 0));
+        assert_eq!(p.tokens_per_second(1.0), Some(10.0));
+        let now = back_to_back(&mut p, now, 1, 1_000_000, 10);
+        let now = back_to_back(&mut p, now, WINDOW_EVENTS_MAX - 2, 100, 10);
+        assert_eq!(p.windows.len, 1, "one short of the cap");
+        back_to_back(&mut p, now, 1, 100, 10);
+        assert_eq!((p.windows.len, p.window_events), (2, 0), "closed at the cap");
     }
 
     /// The first bytes of requests that had the backend's prefill to themselves (no first byte

@@ -97,6 +97,17 @@ pub(super) struct Prefix {
     copy_capacity: u64,
 }
 
+/// How much slower than the fastest a backend's learned prefill rate must be before the cost
+/// weighs its work at its own rate: rates closer than that count as the fastest. Engines of one
+/// kind learn rates that differ by load and by how prompts of different lengths share steps
+/// (`estimate`, "Prefill rate"): on 10k-token documents with short follow-ups, two identical
+/// H100s learned rates up to 4x apart, while an L4 and an H100 learn about 4x (their prefill
+/// capacities differ 3.6x). Weighed as real, that noise sent one of two equal engines the
+/// larger share of sessions (all p99 1.16x `cache_aware`'s there, 0.95x with the tolerance and
+/// the window rule together); 100 % keeps the engines of another kind apart
+/// (`perf/RESULTS.md`, nineteenth session).
+pub const RATE_TOLERANCE_PERCENT: u64 = 100;
+
 /// How much more a token the engine must compute for lack of a cache hit costs than a token of
 /// backlog, in a backend's cost. A token of backlog delays this request; a token computed for
 /// lack of a cache hit delays this request as much *and* takes engine time from everyone after
@@ -701,14 +712,22 @@ fn tokens_of_blocks(rate: &TokenRate, block_bytes: u32, blocks: usize) -> u64 {
 }
 
 /// `work` tokens on a backend of prefill rate `rate`, expressed in tokens of the `fastest`
-/// backend's time: `work × fastest / rate`. Unknown rates count as the fastest.
+/// backend's time: `work × fastest / rate`. Unknown rates count as the fastest, and so do rates
+/// within [`RATE_TOLERANCE_PERCENT`] of it.
 fn at_rate(work: u64, rate: (u64, u64), fastest: (u64, u64)) -> u64 {
-    if rate.0 == 0 || fastest.0 == 0 {
+    if rate.0 == 0 || fastest.0 == 0 || within_tolerance(rate, fastest) {
         return work;
     }
     let scaled = u128::from(work) * u128::from(fastest.0) * u128::from(rate.1)
         / (u128::from(fastest.1) * u128::from(rate.0));
     u64::try_from(scaled).unwrap_or(u64::MAX)
+}
+
+/// Whether `rate` is within [`RATE_TOLERANCE_PERCENT`] of `fastest` (both known): `fastest /
+/// rate` at most `1 + tolerance / 100`.
+fn within_tolerance(rate: (u64, u64), fastest: (u64, u64)) -> bool {
+    u128::from(fastest.0) * u128::from(rate.1) * 100
+        <= u128::from(rate.0) * u128::from(fastest.1) * u128::from(100 + RATE_TOLERANCE_PERCENT)
 }
 
 #[cfg(test)]

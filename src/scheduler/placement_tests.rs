@@ -658,6 +658,22 @@ fn a_backend_without_a_rate_is_compared_by_the_requests_it_served_alone() {
     assert_eq!(h.arrive(3, None, &chain(300, 10), 10 * BLOCK_TOKENS, true), vec![(3, 0)]);
 }
 
+/// Learned rates within [`RATE_TOLERANCE_PERCENT`] of the fastest count as the fastest: two idle
+/// backends, backend 1 learned half again as fast as backend 0, cost a prompt alike, and the
+/// tie goes to backend 0 (weighed at its own rate, backend 0 would cost it 1.5 times as much).
+/// Three times as fast is beyond the tolerance: the prompt goes to backend 1.
+#[test]
+fn rates_within_the_tolerance_of_the_fastest_count_as_the_fastest() {
+    let mut h = H::new(params(2, 8));
+    h.s.learned.prefill[0].rate = (10, 1);
+    h.s.learned.prefill[1].rate = (15, 1);
+    assert_eq!(h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.first_byte(1);
+    h.complete(1);
+    h.s.learned.prefill[1].rate = (30, 1);
+    assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 1)]);
+}
+
 /// Of two backends with equal prefill backlogs, a prompt goes to the one whose engine began on
 /// its backlog longer ago: the cost counts the backlog less what the backend's learned rate has
 /// cleared since (a request counts in the backlog until its first byte, but the engine began on

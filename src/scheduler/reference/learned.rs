@@ -15,8 +15,8 @@ use super::{Admitted, Reference};
 #[derive(Debug, Clone)]
 pub(super) struct Learned {
     pub(super) last_first_byte: Tick,
-    /// The window being filled: tokens, ticks, first bytes.
-    pub(super) window: (u64, u64, u32),
+    /// The window being filled: tokens, ticks, first bytes, the largest request's tokens.
+    pub(super) window: (u64, u64, u32, u64),
     /// Every closed window, oldest first.
     pub(super) windows: Vec<(u64, u64)>,
     /// Tokens and times to first byte of the requests that had the backend's prefill to
@@ -65,7 +65,7 @@ impl Learned {
     pub(super) fn new() -> Learned {
         Learned {
             last_first_byte: 0,
-            window: (0, 0, 0),
+            window: (0, 0, 0, 0),
             windows: Vec::new(),
             alone: (0, 0),
             budget: estimate::BUDGET_UNLEARNED,
@@ -101,9 +101,14 @@ impl Reference {
             l.window.0 += tokens;
             l.window.1 += now - l.last_first_byte;
             l.window.2 += 1;
-            if l.window.2 >= estimate::WINDOW_EVENTS {
+            l.window.3 = l.window.3.max(tokens);
+            // It closes once no one request dominates it, or when it is long.
+            let diluted = l.window.0 >= estimate::WINDOW_DOMINANCE * l.window.3;
+            if l.window.2 >= estimate::WINDOW_EVENTS_MAX
+                || (l.window.2 >= estimate::WINDOW_EVENTS && diluted)
+            {
                 let closed = (l.window.0, l.window.1.max(1));
-                l.window = (0, 0, 0);
+                l.window = (0, 0, 0, 0);
                 if closed.0 > 0 {
                     l.windows.push(closed);
                 }

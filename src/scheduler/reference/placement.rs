@@ -7,6 +7,7 @@ use crate::clock::Tick;
 
 use super::super::placement::{
     CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
+    RATE_TOLERANCE_PERCENT,
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
@@ -213,6 +214,14 @@ impl Reference {
         let fastest = self.fastest();
         let rate = self.drain_rate(backend);
         if rate.0 == 0 || fastest.0 == 0 {
+            return work;
+        }
+        // A rate within the tolerance of the fastest counts as the fastest.
+        let (slow, fast) = (
+            u128::from(fastest.0) * u128::from(rate.1) * 100,
+            u128::from(rate.0) * u128::from(fastest.1),
+        );
+        if slow <= fast * u128::from(100 + RATE_TOLERANCE_PERCENT) {
             return work;
         }
         let scaled = u128::from(work) * u128::from(fastest.0) * u128::from(rate.1)

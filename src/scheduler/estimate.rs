@@ -23,29 +23,28 @@
 //!
 //! ## Prefill rate ([`Prefill::rate`], per backend)
 //!
-//! The router sees an engine finish a request's prefill as the request's first response byte.
-//! The rate is measured only over *clean* intervals, in which the engine had warmpath's next
-//! request already waiting when it finished the previous one: a first byte counts when its
-//! request was admitted before the backend's previous first byte, and then the time since that
-//! previous first byte is its service time, with neither idle time nor the trip to the engine
-//! in it. [`WINDOW_EVENTS`] such first bytes close a window `(tokens, ticks)` (the requests'
-//! estimated uncached tokens over their service times), once no one request is more than a
-//! [`WINDOW_DOMINANCE`]th of its tokens (or at [`WINDOW_EVENTS_MAX`] first bytes). An engine
-//! that batches prefills does not serve them one after another: short prompts that share steps
-//! with a long one reach their first bytes first, so the service times the long one took are
-//! charged to the short ones and its tokens land after them, maybe in the next window. A window
-//! that ends between the two then reads a rate several times too low or too high. On a
-//! workload of 10k-token documents followed by short follow-ups, two identical H100s learned
-//! rates a quarter apart in two of three runs, and the placement sent the slower-looking one
-//! the wrong share of sessions (all p99 1.16x `cache_aware`'s; `perf/RESULTS.md`, nineteenth
-//! session); a window that holds several long prompts takes the boundary's error a few times
-//! smaller. The rate is the median of the last
+//! The router sees an engine finish a request's prefill as the request's first response byte. The
+//! rate is measured only over *clean* intervals, in which the engine had warmpath's next request
+//! already waiting when it finished the previous one: a first byte counts when its request was
+//! admitted before the backend's previous first byte, and then the time since that previous first
+//! byte is its service time, with neither idle time nor the trip to the engine in it.
+//! [`WINDOW_EVENTS`] such first bytes close a window `(tokens, ticks)` (the requests' estimated
+//! uncached tokens over their service times), once no one request is more than a
+//! [`WINDOW_DOMINANCE`]th of its tokens (or at [`WINDOW_EVENTS_MAX`] first bytes). An engine that
+//! batches prefills does not serve them one after another: short prompts that share steps with a
+//! long one reach their first bytes first, so the service times the long one took are charged to
+//! the short ones and its tokens land after them, maybe in the next window. A window that ends
+//! between the two then reads a rate several times too low or too high. On a workload of 10k-token
+//! documents followed by short follow-ups, two identical H100s learned rates up to four times
+//! apart, and the placement sent the slower-looking one the wrong share of sessions (all p99 1.16x
+//! `cache_aware`'s; `perf/RESULTS.md`, nineteenth session); a window that holds several long
+//! prompts takes the boundary's error a few times smaller. The rate is the median of the last
 //! [`RATE_WINDOWS`] windows (ordered exactly, by cross-multiplication), robust to the outlier
-//! windows that a preemption or a burst of long decodes makes. It follows a step change in
-//! engine speed within about half of [`RATE_WINDOWS`] windows. Decode interference (long steps
-//! because many sequences decode) lowers the measured rate, as it should: it is the rate at
-//! which this engine, as loaded, clears prefill. The rate ranks backends of different speeds
-//! in prefix-cost placement and is exported; the budget does not depend on it.
+//! windows that a preemption or a burst of long decodes makes. It follows a step change in engine
+//! speed within about half of [`RATE_WINDOWS`] windows. Decode interference (long steps because
+//! many sequences decode) lowers the measured rate, as it should: it is the rate at which this
+//! engine, as loaded, clears prefill. The rate ranks backends of different speeds in prefix-cost
+//! placement and is exported; the budget does not depend on it.
 //!
 //! An engine that seldom has a second request waiting (a light load, or a slow engine in a
 //! mixed fleet that few sessions live on) closes no window for a long time: in the fleet lab's

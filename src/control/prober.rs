@@ -581,11 +581,18 @@ impl Slots {
             }
             (Step::Metrics, _) => None,
         };
-        slot.state = State::Idle;
         let new_engine = std::mem::take(&mut slot.new_engine);
         done(&self.plan.targets[index], snapshot(slot.healthy, gauges, now, new_engine));
+        self.end_check(index, now);
+    }
+
+    /// Slot `index`'s check is over: it idles until its next one, `metrics_interval` after this
+    /// one started (at once if that has passed).
+    fn end_check(&mut self, index: usize, now: Tick) {
         let interval = self.ticks(self.plan.settings.interval);
-        let next = self.slots[index].started.saturating_add(interval).max(now);
+        let slot = &mut self.slots[index];
+        slot.state = State::Idle;
+        let next = slot.started.saturating_add(interval).max(now);
         self.set_due(index, next);
     }
 
@@ -606,10 +613,7 @@ impl Slots {
                 self.plan.targets[index].addr
             );
         }
-        let slot = &mut self.slots[index];
-        slot.state = State::Idle;
-        let next = slot.started.saturating_add(self.ticks(self.plan.settings.interval)).max(now);
-        self.set_due(index, next);
+        self.end_check(index, now);
     }
 
     /// Replaces the plan: kept targets keep their slots (re-registered under their new index),

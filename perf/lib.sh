@@ -67,18 +67,23 @@ window_for() { # TRACE: trace seconds replayed
 # $TMP/bench.out and .err (the last lines are printed). Uses WARMPATH, OUT and TMP.
 replay_trace() { # FRONT_PORT TRACE LOAD LABEL SIM1 SIM2
   local front=$1 trace=$2 load=$3 label=$4 compress window duration pace workload=$2
-  if [[ $trace == chat || $trace == agent ]]; then
+  if [[ $trace == chat || $trace == agent || $trace == classify ]]; then
     # The fleet lab's synthetic workloads (examples/fleet.rs), always paced by profile. `chat`:
     # short prompts, answers of 300 tokens, five turns. `agent`: a 1,500-word system prompt
     # every session shares, eight quick steps, answers of 60 tokens. The bench divides think
     # times by its compression as well, the lab does not: CHAT_THINK_MS (default 11600, the
     # lab's 8 s times its compression at load 0.9 on two h100-8b) and AGENT_THINK_MS (default
     # 160, the lab's 500 ms times its compression at 0.9 on two l4-3b, 0.32) keep them about
-    # the lab's.
+    # the lab's. `classify`: one-shot requests of a few hundred tokens behind a shared
+    # 300-word instruction, answers of 5 tokens (the lab's `custom` shape of that name,
+    # perf/RESULTS.md, nineteenth session).
     workload=multiturn
     if [[ $trace == chat ]]; then
       pace=(--rate 5 --turns 5 --system-words 80 --context-words 150 --new-words 40
         --answer-tokens 300 --think-ms "${CHAT_THINK_MS:-11600}")
+    elif [[ $trace == classify ]]; then
+      pace=(--rate 5 --turns 1 --system-words 300 --context-words 100 --new-words 20
+        --answer-tokens 5 --think-ms 0)
     else
       pace=(--rate 2 --turns 8 --system-words 1500 --context-words 300 --new-words 80
         --answer-tokens 60 --think-ms "${AGENT_THINK_MS:-160}")

@@ -28,8 +28,9 @@
 #                    header, so sessions are only what the router derives (issue [10])
 #   st-pc-N, st-sa-N a static configuration: session-boost, prefix-cost (pc) or
 #                    session-affinity (sa), prefill_tokens_per_backend = N, prefix index 8,192
-# TRACES may also name `chat` or `agent`, the fleet lab's synthetic workloads (chat: short
-# prompts, long answers; agent: a long system prompt every session shares, quick short steps;
+# TRACES may also name `chat`, `agent` or `classify`, the fleet lab's synthetic workloads (chat:
+# short prompts, long answers; agent: a long system prompt every session shares, quick short
+# steps; classify: one-shot requests of a few hundred tokens, answers of 5 tokens;
 # perf/lib.sh's replay_trace), always paced by profile as LOAD_MODE=profile paces.
 # PROFILE1, PROFILE2 (default h100-8b): the engines' `warmpath sim --profile`. LOAD_MODE=profile
 # replays the whole trace at LOAD of the two engines' capacity by their profiles

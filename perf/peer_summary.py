@@ -36,7 +36,7 @@ NAMES = {
     "wp-x2": "2 warmpath replicas behind HAProxy",
     "wp-x2-split": "2 replicas, prefill budget split",
 }
-LABEL = re.compile(r"^(mooncake|ragpulse|multiturn|chat|agent)-(.+)-L(\d+)-r(\d+)(.*)$")
+LABEL = re.compile(r"^(mooncake|ragpulse|multiturn|chat|agent|classify)-(.+)-L(\d+)-r(\d+)(.*)$")
 
 
 def load_runs(out):

@@ -20,7 +20,11 @@
 //!   expected output would take to decode there beyond what it would on the backend of the
 //!   least decode gap, counting only the part of the backend's gap more than
 //!   [`GAP_TOLERANCE_PERCENT`] above that least (`decode::Decode`), added in the fastest
-//!   backend's time after the rest is.
+//!   backend's time after the rest is;
+//! - for a streaming request, [`FIRST_TOKEN_STEPS`] steps at the backend's decode gap beyond the
+//!   least, when that gap is more than [`GAP_TOLERANCE_PERCENT`] above the least: the fixed
+//!   part of the steps that bring its first token, which no rate per token shows for a short
+//!   prompt, added in the fastest backend's time as the decode is.
 //!
 //! An admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
 //! boosted by completion time, normal; normal before boosted when S5's streak bound is due)
@@ -136,6 +140,22 @@ pub const CACHE_WEIGHT: u64 = 8;
 /// measurement (`perf/RESULTS.md`, eleventh session, "Two changes to the cost"): weight 2
 /// against 1 and 3 over 16 cells of two to eight engines.
 pub const JOIN_WEIGHT: u64 = 2;
+
+/// The engine steps a streamed request's cost counts at its backend's decode gap beyond the
+/// least (`step_slower`): its first token comes at the end of the step that finishes its
+/// prefill, which starts after the step under way when it arrives. A step has a fixed part (the
+/// engine's launch and its decoding batch) that every prompt in it pays once. The learned rate
+/// spreads that part over the tokens of the prompts it saw, so for short prompts the cost counts
+/// the prefills pending on an engine as if each took steps of its own, where the engine batches
+/// them into one; and an engine whose steps are longer costs its requests more than its rate
+/// shows. In the sim's profiles an H100's step starts at 6 ms and an L4's at 27: one-shot
+/// requests of a few hundred tokens went to an idle L4 as soon as a few were pending on the
+/// H100, whose next step would have taken them all (first-turn p90 1.6-2.3x sglang-router's
+/// `cache_aware`, which sends them all to the H100; 1.00-1.07x with 3 steps). A step and a half
+/// is what the first token waits on an engine with work (half the step under way, then its
+/// own); 3 was chosen by measurement over 2 (`perf/RESULTS.md`, twentieth session: level on
+/// the lab's other sets, a little better than 2 on its mixed fleets).
+pub const FIRST_TOKEN_STEPS: u64 = 3;
 
 /// How many admissions must have sent a prefix block to a backend, while its index held it,
 /// for the block to be *hot*: a system prompt, a tool list or a document many sessions share.
@@ -562,8 +582,10 @@ impl Scheduler {
         let fastest = self.learned.fastest_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
-        // A whole response's client waits for its decode too, at its backend's speed.
-        let tolerated = if streaming { 0 } else { tolerated_gap(self.least_gap()) };
+        // A whole response's client waits for its decode too, at its backend's speed; a
+        // stream's client for the steps that bring its first token.
+        let least = self.least_gap();
+        let tolerated = tolerated_gap(least);
         let output = self.learned.output.mean();
         let rank = |b: usize| {
             let backend = &self.backends[b];
@@ -582,8 +604,12 @@ impl Scheduler {
                 + JOIN_WEIGHT * pending * self.uncached(b)
                 + self.decode_weight(b) * decoding;
             let gap = self.learned.decode[b].gap;
-            let slower = if tolerated == 0 { 0 } else { gap.saturating_sub(tolerated) };
-            let decode = decode_delay(output, slower, fastest);
+            let decode = if streaming {
+                decode_delay(FIRST_TOKEN_STEPS, step_slower(gap, least), fastest)
+            } else {
+                let slower = if least == 0 { 0 } else { gap.saturating_sub(tolerated) };
+                decode_delay(output, slower, fastest)
+            };
             (at_rate(work, rate, fastest).saturating_add(decode), backend.inflight)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {
@@ -688,6 +714,18 @@ fn remaining_backlog(backend: &super::policy::Backend, rate: (u64, u64), now: Ti
 /// `least` (0 when no gap is known).
 fn tolerated_gap(least: u64) -> u64 {
     least.saturating_add(least / 100 * GAP_TOLERANCE_PERCENT)
+}
+
+/// How much longer than the least gap's a step of a backend of decode gap `gap` is, as a
+/// streamed request's cost counts it: all of the difference once `gap` is more than
+/// [`GAP_TOLERANCE_PERCENT`] above the `least`, none within it (engines of one kind differ by
+/// load alone); 0 when no gap is known.
+fn step_slower(gap: u64, least: u64) -> u64 {
+    if least == 0 || gap <= tolerated_gap(least) {
+        0
+    } else {
+        gap - least
+    }
 }
 
 /// What decoding `output` tokens at a gap `slower` (`1 / GAP_SCALE` ticks per token) more than

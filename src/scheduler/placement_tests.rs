@@ -724,3 +724,27 @@ fn a_non_streaming_prompt_counts_as_prefill_left_for_streams_until_it_ends() {
     h.complete(1);
     assert_eq!(h.arrive(7, None, &chain(700, 1), BLOCK_TOKENS, true), vec![(7, 0)]);
 }
+
+/// A streamed prompt's cost counts [`super::FIRST_TOKEN_STEPS`] steps at its backend's decode
+/// gap beyond the least, the whole difference once the gap is more than twice the least. Both
+/// backends clear a token a tick; backend 0 steps at 10 ticks a token and has a ten-block
+/// prompt pending, so a second one costs 640 + 640 + 2 × 640 = 2,560 there and 640 + steps ×
+/// (gap − 10) on idle backend 1, the same at a gap of 10 + 1,920 / steps. Five ticks above that
+/// it goes to backend 0, five below to backend 1 (counted beyond twice the least instead, five
+/// above would go to backend 1 too), and at twice the least to backend 1.
+#[test]
+fn a_streamed_prompt_counts_the_longer_steps_of_its_backend() {
+    let even = 10 + 1920 / super::FIRST_TOKEN_STEPS;
+    for (gap, to) in [(even + 5, 0), (even - 5, 1), (20, 1)] {
+        let mut h = H::new(params(2, 8));
+        for b in 0..2 {
+            h.s.learned.prefill[b].rate = (1, 1);
+        }
+        h.s.learned.decode[0].gap = 10 * decode::GAP_SCALE;
+        h.s.learned.decode[1].gap = gap * decode::GAP_SCALE;
+        let tokens = 10 * BLOCK_TOKENS;
+        assert_eq!(h.arrive(1, None, &chain(100, 10), tokens, true), vec![(1, 0)]);
+        let placed = h.arrive(2, None, &chain(200, 10), tokens, true);
+        assert_eq!(placed, vec![(2, to)], "backend 1 at {gap} ticks a token");
+    }
+}

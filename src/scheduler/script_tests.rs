@@ -143,20 +143,49 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
 /// output. Then a streaming prompt goes to backend 0 (both idle: the lower index), and a
 /// non-streaming prompt goes there too, behind its prefill, since decoding its 200 tokens on
 /// backend 1 would take 16,000 ticks longer than the tolerance allows; a streaming prompt
-/// after it goes to backend 1, whose decode its client does not wait for. At 30 ticks a token
+/// after it goes to backend 1, whose decode its client does not wait for (two steps of 90 ticks
+/// more than backend 0's count against backend 0's two prefills). At 30 ticks a token
 /// on backend 1, of which only the 10 beyond twice the least count (2,000 ticks for 200
 /// tokens; the 20 beyond the least, 4,000, would tip it), the non-streaming prompt goes to
 /// backend 1. When backend 1's responses teach no gap (no output tokens), its decode counts
 /// nothing, and the prompt goes to backend 1.
 #[test]
 fn matches_reference_model_on_a_backend_that_decodes_slower() {
-    let outputs = slower_decode_script(Some(100));
+    let tail = || {
+        vec![
+            arrive_as(120_000, 102, false),
+            done_with(130_000, 102, 200),
+            arrive_as(140_000, 103, true),
+            arrive_as(140_000, 104, false),
+            arrive_as(140_000, 105, true),
+        ]
+    };
+    let outputs = slower_decode_script(Some(100), tail());
     assert_eq!(went(&outputs, 103), Some(0), "both idle: the lower index");
     assert_eq!(went(&outputs, 104), Some(0), "a whole response waits for its decode");
     assert_eq!(went(&outputs, 105), Some(1), "a stream's client waits for its first token");
-    let outputs = slower_decode_script(Some(30));
+    let outputs = slower_decode_script(Some(30), tail());
     assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "tolerated");
-    let outputs = slower_decode_script(None);
+    let outputs = slower_decode_script(None, tail());
+    assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "no gap");
+}
+
+/// A streamed request's cost counts `FIRST_TOKEN_STEPS` steps at its backend's decode gap
+/// beyond the least, once that gap is more than the tolerance above it. Backends taught as
+/// above, backend 1's steps at 10,000 ticks a token against backend 0's 10: two streaming
+/// prompts arrive together; the first goes to backend 0, and so does the second, behind the
+/// first's prefill (about 4,000 tokens of cost with the join against about 10,000 a step for
+/// backend 1's longer steps). At 15 ticks a token, within twice the least, backend 1's steps
+/// count nothing and the second goes to idle backend 1; so it does where backend 1 learned no
+/// gap.
+#[test]
+fn matches_reference_model_on_a_backend_of_longer_steps() {
+    let tail = || vec![arrive_as(3_000_000, 103, true), arrive_as(3_000_000, 104, true)];
+    let outputs = slower_decode_script(Some(10_000), tail());
+    assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(0)], "longer steps");
+    let outputs = slower_decode_script(Some(15), tail());
+    assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "tolerated");
+    let outputs = slower_decode_script(None, tail());
     assert_eq!([went(&outputs, 103), went(&outputs, 104)], [Some(0), Some(1)], "no gap");
 }
 
@@ -168,26 +197,32 @@ fn went(outputs: &[Output], id: u64) -> Option<u16> {
     })
 }
 
-/// The script of [`matches_reference_model_on_a_backend_that_decodes_slower`], backend 1
-/// decoding at `slow_gap` ticks a token (`None`: its responses carry no output tokens), run
-/// against the reference.
-fn slower_decode_script(slow_gap: Option<u64>) -> Vec<Output> {
+/// A scripted step: its tick, its input and the prompt's block hashes.
+type Step = (Tick, Input, Vec<u64>);
+
+/// The arrival at `at` of [`sixteen_block_prompt`] `id`, streaming or not.
+fn arrive_as(at: Tick, id: u64, streaming: bool) -> Step {
+    let (mut input, blocks) = sixteen_block_prompt(id);
+    if let Input::Arrive(arrival) = &mut input {
+        arrival.streaming = streaming;
+    }
+    (at, input, blocks)
+}
+
+/// Request `id`'s successful end at `at`, with `completion_tokens` in its usage.
+fn done_with(at: Tick, id: u64, completion_tokens: u32) -> Step {
+    let usage = Usage { completion_tokens, ..Usage::NONE };
+    (at, Input::Complete { id: RequestId(id), success: true, usage }, Vec::new())
+}
+
+/// Thirty streaming prompts that teach two backends a prefill rate and a decode gap, backend 1
+/// decoding at `slow_gap` ticks a token (`None`: its responses carry no output tokens) and
+/// backend 0 at 10, then `tail`, run against the reference.
+fn slower_decode_script(slow_gap: Option<u64>, tail: Vec<Step>) -> Vec<Output> {
     let params =
         Params { routing: Routing::PrefixCost, backends: 2, inflight_per_backend: 64, ..params() };
-    let arrive = |at: Tick, id: u64, streaming: bool| {
-        let (mut input, blocks) = sixteen_block_prompt(id);
-        if let Input::Arrive(arrival) = &mut input {
-            arrival.streaming = streaming;
-        }
-        (at, input, blocks)
-    };
-    let step = |at: Tick, input: Input| (at, input, Vec::new());
-    let first_byte = |at: Tick, id: u64| step(at, Input::FirstByte(RequestId(id)));
-    let done = |at: Tick, id: u64, completion_tokens: u32| {
-        let usage = Usage { completion_tokens, ..Usage::NONE };
-        step(at, Input::Complete { id: RequestId(id), success: true, usage })
-    };
-    let mut script: Vec<_> = (1..=30).map(|id| arrive(0, id, true)).collect();
+    let first_byte = |at: Tick, id: u64| (at, Input::FirstByte(RequestId(id)), Vec::new());
+    let mut script: Vec<_> = (1..=30).map(|id| arrive_as(0, id, true)).collect();
     let placed = harness::run_script(&params, &script);
     let on_0 = (1..=30).filter(|&id| went(&placed, id) == Some(0)).count();
     let window = decode::DECODE_WINDOW_RESPONSES as usize;
@@ -202,15 +237,9 @@ fn slower_decode_script(slow_gap: Option<u64>) -> Vec<Output> {
             (true, Some(gap)) => (gap, 101),
             (true, None) => (10, 0),
         };
-        script.extend([first_byte(at, id), done(at + 100 * gap, id, tokens)]);
+        script.extend([first_byte(at, id), done_with(at + 100 * gap, id, tokens)]);
     }
-    script.extend([
-        arrive(120_000, 102, false),
-        done(130_000, 102, 200),
-        arrive(140_000, 103, true),
-        arrive(140_000, 104, false),
-        arrive(140_000, 105, true),
-    ]);
+    script.extend(tail);
     script.sort_by_key(|step| step.0);
     harness::run_script(&params, &script)
 }

@@ -6,8 +6,8 @@
 use crate::clock::Tick;
 
 use super::super::placement::{
-    CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, INDEX_BLOCKS_MAX, JOIN_WEIGHT,
-    RATE_TOLERANCE_PERCENT,
+    CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, FIRST_TOKEN_STEPS, INDEX_BLOCKS_MAX,
+    JOIN_WEIGHT, RATE_TOLERANCE_PERCENT,
 };
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
@@ -165,7 +165,11 @@ impl Reference {
             0
         };
         let work = self.remaining(backend, now) + unstreamed + cached + joined + weight * on(false);
-        let decode = if request.streaming { 0 } else { self.decode_delay(backend) };
+        let decode = if request.streaming {
+            self.first_token_delay(backend)
+        } else {
+            self.decode_delay(backend)
+        };
         self.at_fastest(work, backend).saturating_add(decode)
     }
 
@@ -190,23 +194,44 @@ impl Reference {
         u64::try_from(held * 1_000_000 / u128::from(capacity)).unwrap_or(u64::MAX)
     }
 
-    /// A whole response's client waits for its decode too: the expected output at `backend`'s
-    /// gap beyond the least gap of the usable backends and the tolerance above it, in the
-    /// fastest backend's prefill time.
-    fn decode_delay(&self, backend: u16) -> u64 {
+    /// The least decode gap of the usable backends, if any has one.
+    fn least_gap(&self) -> Option<u64> {
         let usable = (0..self.p.backends).filter(|&b| self.usable(b));
-        let Some(least) = usable.map(|b| self.gap(b)).filter(|&gap| gap > 0).min() else {
-            return 0;
-        };
+        usable.map(|b| self.gap(b)).filter(|&gap| gap > 0).min()
+    }
+
+    /// `tokens` output tokens at `slower` ticks per token (in `1 / GAP_SCALE`) in the fastest
+    /// backend's prefill time; 0 while that rate is unknown.
+    fn in_fastest_time(&self, tokens: u64, slower: u64) -> u64 {
         let fastest = self.fastest();
         if fastest.0 == 0 {
             return 0;
         }
-        let tolerated = least + least / 100 * decode::GAP_TOLERANCE_PERCENT;
-        let slower = self.gap(backend).saturating_sub(tolerated);
-        let delay = u128::from(self.expected_output()) * u128::from(slower) * u128::from(fastest.0)
+        let delay = u128::from(tokens) * u128::from(slower) * u128::from(fastest.0)
             / (u128::from(decode::GAP_SCALE) * u128::from(fastest.1));
         u64::try_from(delay).unwrap_or(u64::MAX)
+    }
+
+    /// A whole response's client waits for its decode too: the expected output at `backend`'s
+    /// gap beyond the least gap of the usable backends and the tolerance above it, in the
+    /// fastest backend's prefill time.
+    fn decode_delay(&self, backend: u16) -> u64 {
+        let Some(least) = self.least_gap() else { return 0 };
+        let tolerated = least + least / 100 * decode::GAP_TOLERANCE_PERCENT;
+        let slower = self.gap(backend).saturating_sub(tolerated);
+        self.in_fastest_time(self.expected_output(), slower)
+    }
+
+    /// A stream's client waits for the steps that bring its first token: `FIRST_TOKEN_STEPS`
+    /// at the whole of `backend`'s gap beyond the least, once it is more than the tolerance
+    /// above the least (none within it), in the fastest backend's prefill time.
+    fn first_token_delay(&self, backend: u16) -> u64 {
+        let Some(least) = self.least_gap() else { return 0 };
+        let gap = self.gap(backend);
+        if gap <= least + least / 100 * decode::GAP_TOLERANCE_PERCENT {
+            return 0;
+        }
+        self.in_fastest_time(FIRST_TOKEN_STEPS, gap - least)
     }
 
     /// `work` tokens on `backend` in tokens of the fastest backend's time.

@@ -41,8 +41,12 @@
 //!
 //! Decisions where SPEC S16 is silent:
 //! - "Cheapest" is over usable backends (healthy, not ejected, not removed), eligible or not:
-//!   that is what makes waiting for a busy home worth it. Ties: fewer inflight, then the lower
-//!   index.
+//!   that is what makes waiting for a busy home worth it. Ties: fewer inflight, then the larger
+//!   exported KV capacity, then the lower index. Before anything is learned every idle backend
+//!   costs a prompt alike, and the first sessions' prefixes then keep their backend: in the
+//!   fleet lab an L4 listed before an H100 took the agent workload's first sessions and held
+//!   them (all-request p99 2.1x that of the other order) until the capacity broke the tie; a
+//!   fleet's order in the configuration should not decide where its work goes.
 //! - Under prefix-cost the prefill backlog counts each admitted request at its *uncached*
 //!   estimate on the backend it went to, not at its whole prompt: a follow-up whose history is
 //!   cached adds only what the engine must compute, so the backlog gate and the cost both
@@ -610,17 +614,18 @@ impl Scheduler {
                 let slower = if least == 0 { 0 } else { gap.saturating_sub(tolerated) };
                 decode_delay(output, slower, fastest)
             };
-            (at_rate(work, rate, fastest).saturating_add(decode), backend.inflight)
+            let capacity = std::cmp::Reverse(self.learned.cache[b].kv_capacity_tokens);
+            (at_rate(work, rate, fastest).saturating_add(decode), backend.inflight, capacity)
         };
         let pick = |filter: &dyn Fn(usize) -> bool| {
-            let mut best: Option<(usize, (u64, u32))> = None;
+            let mut best: Option<(usize, Rank)> = None;
             for b in (0..self.backends.len()).filter(|&b| filter(b)) {
                 let r = rank(b);
                 if best.is_none_or(|(_, best_rank)| r < best_rank) {
                     best = Some((b, r));
                 }
             }
-            best.map(|(b, (cost, _))| (b as u16, cost))
+            best.map(|(b, (cost, ..))| (b as u16, cost))
         };
         let not_avoided = |b: usize| b as u16 != avoid;
         let usable = |b: usize| self.backends[b].usable();
@@ -709,6 +714,10 @@ fn remaining_backlog(backend: &super::policy::Backend, rate: (u64, u64), now: Ti
     let elapsed = now.saturating_sub(backend.prefill_since);
     backend.prefill_tokens.saturating_sub(cleared(elapsed, rate))
 }
+
+/// A backend's place in [`Scheduler::cheapest`]'s order: its cost, then fewer requests in
+/// flight, then the larger exported KV capacity (the lower index last, by the scan's order).
+type Rank = (u64, u32, std::cmp::Reverse<u64>);
 
 /// The gap up to which a backend's decode does not count: [`GAP_TOLERANCE_PERCENT`] above the
 /// `least` (0 when no gap is known).

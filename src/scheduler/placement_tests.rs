@@ -233,14 +233,15 @@ fn a_hot_system_prompt_on_backend_1(kv: [u32; 2]) -> H {
     let mut p = params(2, 64);
     p.prefix.hot_touches = 3;
     let mut h = H::new(p);
+    // Backend 0's prefill backlog closes its gate (taken before the capacities are known, which
+    // would break the idle backends' tie) while backend 1 learns the system prompt: session 7's
+    // first turn, then fourteen first turns that share it, all decoding there.
+    make_busy(&mut h, 100, 0);
     for (backend, tokens) in [(0, kv[0]), (1, kv[1])] {
         h.send(report(backend, EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN }));
     }
     let prompt = with_system_prompt;
     let tokens = |blocks: &[u64]| blocks.len() as u32 * BLOCK_TOKENS;
-    // Backend 0's prefill backlog closes its gate while backend 1 learns the system prompt:
-    // session 7's first turn, then fourteen first turns that share it, all decoding there.
-    make_busy(&mut h, 100, 0);
     let first = prompt(&[501]);
     assert_eq!(h.arrive(1, Some(7), &first, tokens(&first), true), vec![(1, 1)]);
     h.first_byte(1);
@@ -746,5 +747,21 @@ fn a_streamed_prompt_counts_the_longer_steps_of_its_backend() {
         assert_eq!(h.arrive(1, None, &chain(100, 10), tokens, true), vec![(1, 0)]);
         let placed = h.arrive(2, None, &chain(200, 10), tokens, true);
         assert_eq!(placed, vec![(2, to)], "backend 1 at {gap} ticks a token");
+    }
+}
+
+/// Of backends that cost a prompt alike and have as many requests in flight (every idle backend
+/// before anything is learned), the one whose engine exported the larger KV capacity takes it,
+/// then the lower index: where a fleet's first sessions land, and their prefixes with them,
+/// does not depend on the order of its backends in the configuration.
+#[test]
+fn a_tie_goes_to_the_larger_kv_capacity_then_the_lower_index() {
+    for (capacities, to) in [([50_000, 100_000], 1), ([100_000, 50_000], 0), ([0, 0], 0)] {
+        let mut h = H::new(params(2, 8));
+        for (b, capacity) in capacities.into_iter().enumerate() {
+            h.s.learned.cache[b].kv_capacity_tokens = capacity;
+        }
+        let placed = h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true);
+        assert_eq!(placed, vec![(1, to)], "capacities {capacities:?}");
     }
 }

@@ -270,9 +270,10 @@ impl Reference {
             }
             let cost = |b: u16| self.cost(request, b, now);
             let best = |filter: &dyn Fn(u16) -> bool| {
-                (0..self.p.backends)
-                    .filter(|&b| filter(b))
-                    .min_by_key(|&b| (cost(b), self.backend_inflight(b)))
+                (0..self.p.backends).filter(|&b| filter(b)).min_by_key(|&b| {
+                    let capacity = self.learned[usize::from(b)].capacity;
+                    (cost(b), self.backend_inflight(b), std::cmp::Reverse(capacity))
+                })
             };
             let avoid = request.avoid;
             let Some(cheapest) =

@@ -33,7 +33,8 @@ Each CSV line: TARGET,SEED|the fleet example's CSV line.
 
 The model of `cache_aware` depends on the order of a mixed fleet's engines (the first engine a
 shared prefix lands on keeps it until the balance thresholds move requests away); warmpath's
-placement does not. Every mixed profile here lists the faster engine first, the order that
+placement breaks its ties by KV capacity before order. Every mixed profile here lists the
+faster engine first, the order that
 favours `cache_aware` (perf/RESULTS.md, twentieth session): to see the other, name the
 profiles the other way round (PROFILES="l4-3b,h100-8b").
 """

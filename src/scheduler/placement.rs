@@ -45,8 +45,9 @@
 //!   exported KV capacity, then the lower index. Before anything is learned every idle backend
 //!   costs a prompt alike, and the first sessions' prefixes then keep their backend: in the
 //!   fleet lab an L4 listed before an H100 took the agent workload's first sessions and held
-//!   them (all-request p99 2.1x that of the other order) until the capacity broke the tie; a
-//!   fleet's order in the configuration should not decide where its work goes.
+//!   them (all-request p99 2.1x that of the other order); with the capacity breaking the tie
+//!   both orders give the same figures. A fleet's order in the configuration should not decide
+//!   where its work goes.
 //! - Under prefix-cost the prefill backlog counts each admitted request at its *uncached*
 //!   estimate on the backend it went to, not at its whole prompt: a follow-up whose history is
 //!   cached adds only what the engine must compute, so the backlog gate and the cost both

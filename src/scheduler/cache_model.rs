@@ -30,7 +30,7 @@
 //! *pressure* a [`KV_PRESSURE_SCRAPES`]th of the way to it, an average over the last half-minute or
 //! so: the regime the workload puts the engine in, not one burst. The pressure, or the router's
 //! own count of the contexts it holds there when that is larger (`placement`'s held pressure),
-//! sets the backend's decode weight in the S16 cost (`placement::decode_weight`).
+//! sets the backend's decode weight in the S16 cost (`cost::decode_weight`).
 
 use crate::clock::Tick;
 

@@ -60,6 +60,7 @@
 mod admitted;
 mod api;
 pub mod cache_model;
+mod cost;
 pub mod decode;
 mod derive;
 pub mod estimate;

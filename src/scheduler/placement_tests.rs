@@ -289,7 +289,7 @@ fn a_hot_prefix_is_not_copied_to_a_backend_with_a_smaller_kv_cache() {
 
 #[test]
 fn the_decode_weight_grows_with_the_square_of_the_pressure() {
-    use super::{decode_weight, DECODE_WEIGHT_KV};
+    use super::super::cost::{decode_weight, DECODE_WEIGHT_KV};
     assert_eq!(decode_weight(0), 0);
     assert_eq!(decode_weight(500_000), DECODE_WEIGHT_KV / 4);
     assert_eq!(decode_weight(1_000_000), DECODE_WEIGHT_KV);

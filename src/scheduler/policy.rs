@@ -119,7 +119,7 @@ pub(crate) struct Backend {
     /// When the engine is taken to have begun on the backlog as it stands: the last time a
     /// request left it (its first byte, or its end without one), or the admission that made it
     /// non-empty. S16's cost counts the backlog less what the backend's learned prefill rate
-    /// clears from then on (`placement::remaining_backlog`).
+    /// clears from then on (`cost::remaining_backlog`).
     pub prefill_since: Tick,
     /// The prefill budget: `prefill_tokens` must be below it; 0 = no budget.
     pub budget: u64,

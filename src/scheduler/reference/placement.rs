@@ -5,10 +5,11 @@
 
 use crate::clock::Tick;
 
-use super::super::placement::{
-    CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, FIRST_TOKEN_STEPS, INDEX_BLOCKS_MAX,
-    JOIN_WEIGHT, RATE_TOLERANCE_PERCENT,
+use super::super::cost::{
+    CACHE_WEIGHT, DECODE_WEIGHT_BLIND, DECODE_WEIGHT_KV, FIRST_TOKEN_STEPS, JOIN_WEIGHT,
+    RATE_TOLERANCE_PERCENT,
 };
+use super::super::placement::INDEX_BLOCKS_MAX;
 use super::super::tracker::reference::SessionTracker;
 use super::super::unstreamed::{BEGUN_PREFILLING, RECENT_SENDS};
 use super::super::{cache_model, decode};

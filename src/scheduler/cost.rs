@@ -63,9 +63,13 @@ pub const JOIN_WEIGHT: u64 = 2;
 /// H100, whose next step would have taken them all (first-turn p90 1.6-2.3x sglang-router's
 /// `cache_aware`, which sends them all to the H100; 1.00-1.07x with 3 steps). A step and a half
 /// is what the first token waits on an engine with work (half the step under way, then its
-/// own); 3 was chosen by measurement over 2 (`perf/RESULTS.md`, twentieth session: level on
-/// the lab's other sets, a little better than 2 on its mixed fleets).
-pub const FIRST_TOKEN_STEPS: u64 = 3;
+/// own); the rest stands for what the rate misses on the fast engine, whose pending short
+/// prompts the backlog counts at a rate that includes a step's fixed part each. 3 was chosen by
+/// measurement over 2 (`perf/RESULTS.md`, twentieth session), and 4 over 3 and 5 on fleets
+/// whose engines differ in the fixed part alone (an H100 beside one whose steps start at 20 ms:
+/// the agent workload's first-turn p90 1.27-1.30x `cache_aware`'s with 3, 1.03-1.11x with 4)
+/// and on the mixed fleets by short-prompt shapes, level elsewhere (twenty-first session).
+pub const FIRST_TOKEN_STEPS: u64 = 4;
 
 /// What a sequence a backend is decoding (admitted, first byte seen) adds to its cost, in
 /// tokens: [`DECODE_WEIGHT_KV`] times the square of the backend's KV pressure

@@ -19,12 +19,14 @@
 //! - for a non-streaming request, whose client waits for the whole response, the time its
 //!   expected output would take to decode there beyond what it would on the backend of the
 //!   least decode gap, counting only the part of the backend's gap more than
-//!   [`GAP_TOLERANCE_PERCENT`](super::decode::GAP_TOLERANCE_PERCENT) above that least (`decode::Decode`), added in the fastest
+//!   [`GAP_TOLERANCE_PERCENT`] above that least (`decode::Decode`), added in the fastest
 //!   backend's time after the rest is;
 //! - for a streaming request, [`FIRST_TOKEN_STEPS`] steps at the backend's decode gap beyond the
-//!   least, when that gap is more than [`GAP_TOLERANCE_PERCENT`](super::decode::GAP_TOLERANCE_PERCENT) above the least: the fixed
+//!   least, when that gap is more than [`GAP_TOLERANCE_PERCENT`] above the least: the fixed
 //!   part of the steps that bring its first token, which no rate per token shows for a short
 //!   prompt, added in the fastest backend's time as the decode is.
+//!
+//! [`GAP_TOLERANCE_PERCENT`]: super::decode::GAP_TOLERANCE_PERCENT
 //!
 //! An admission scans at most `placement_scan_max` queued requests in S3 order (retry, forced,
 //! boosted by completion time, normal; normal before boosted when S5's streak bound is due)

@@ -144,12 +144,11 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
 /// non-streaming prompt goes there too, behind its prefill, since decoding its 200 tokens on
 /// backend 1 would take 16,000 ticks longer than the tolerance allows; a streaming prompt
 /// after it goes to backend 1, whose decode its client does not wait for (its first token's
-/// steps, 90 ticks longer each than backend 0's, count for less than the two prefills on backend
-/// 0). At 30 ticks a token
-/// on backend 1, of which only the 10 beyond twice the least count (2,000 ticks for 200
-/// tokens; the 20 beyond the least, 4,000, would tip it), the non-streaming prompt goes to
-/// backend 1. When backend 1's responses teach no gap (no output tokens), its decode counts
-/// nothing, and the prompt goes to backend 1.
+/// steps, 90 ticks longer each than backend 0's, count for less than the two prefills on
+/// backend 0). At 30 ticks a token on backend 1, of which only the 10 beyond twice the least
+/// count (2,000 ticks for 200 tokens; the 20 beyond the least, 4,000, would tip it), the
+/// non-streaming prompt goes to backend 1. When backend 1's responses teach no gap (no output
+/// tokens), its decode counts nothing, and the prompt goes to backend 1.
 #[test]
 fn matches_reference_model_on_a_backend_that_decodes_slower() {
     let tail = || {

@@ -94,6 +94,7 @@ const VLLM_CACHE: &str = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\
 vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1000\"} 1.0\n\
 vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 5000.0\n\
 vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 1250.0\n\
+vllm:num_preemptions_total{engine=\"0\",model_name=\"m\"} 7.0\n\
 vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.375\n";
 
 #[test]
@@ -104,6 +105,7 @@ fn snapshots_carry_what_the_engine_says_about_its_caches() {
         kv_capacity_tokens: 16_000,
         prefix_queries: 5000,
         prefix_hits: 1250,
+        preemptions: 7,
         kv_usage_micro: 375_000,
     };
     assert_eq!(snap.cache, cache);
@@ -139,6 +141,7 @@ fn the_router_learns_the_kv_capacity_of_a_simulated_engine() {
         kv_capacity_tokens: capacity,
         prefix_queries: 0,
         prefix_hits: 0,
+        preemptions: 0,
         kv_usage_micro: 0,
     };
     assert_eq!(snap.cache, cache);

@@ -689,6 +689,7 @@ impl<'a> Fleet<'a> {
                         kv_capacity_tokens: p.kv_blocks * p.block_size,
                         prefix_queries: engine.stats().prefix_queries,
                         prefix_hits: engine.stats().prefix_hits,
+                        preemptions: engine.stats().preemptions,
                         kv_usage_micro: (engine.kv_usage().min(1.0) * 1e6).round() as u32,
                     };
                 }

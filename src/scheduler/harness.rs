@@ -100,6 +100,8 @@ struct Live {
     next_id: u64,
     /// The last prefix-cache counters reported, queries and hits.
     counters: (u64, u64),
+    /// The last preemption counter reported.
+    preemptions: u64,
 }
 
 impl Live {
@@ -311,10 +313,16 @@ fn decode_input(
                 let share = u64::from(bytes.below(5));
                 live.counters.1 =
                     (live.counters.1 + (live.counters.0 * share / 4)).min(live.counters.0);
+                // The preemption counter grows by up to 3, and sometimes restarts.
+                live.preemptions = match bytes.below(8) {
+                    0 => u64::from(bytes.below(3)),
+                    _ => live.preemptions + u64::from(bytes.below(4)),
+                };
                 snapshot.cache = EngineCache {
                     kv_capacity_tokens: [0, 300, 3000, 100_000][bytes.below(4) as usize],
                     prefix_queries: live.counters.0,
                     prefix_hits: live.counters.1,
+                    preemptions: live.preemptions,
                     // Unknown, empty, half, nearly and wholly full, and over one (clamped).
                     kv_usage_micro: [
                         EngineCache::NO_USAGE,

@@ -644,21 +644,20 @@ impl Scheduler {
         }
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
-        if let Some(waiting) = snapshot.waiting {
-            let own = waiting.min(state.prefill_pending);
-            let unseen = (waiting - own).min(state.unstreamed);
+        let preempted = state.preempted(cache.preemptions, snapshot.new_engine);
+        let split = snapshot.waiting.map(|waiting| (waiting, state.waiting_split(waiting, preempted)));
+        if let Some((_, (_, unseen, _))) = split {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.engine_waiting(unseen, rate, now);
         }
-        if let (true, Some(waiting)) = (auto, snapshot.waiting) {
+        if let (true, Some((waiting, (own, unseen, requeued)))) = (auto, split) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
             // to be its own (a request it sent and the engine has not started has no first
-            // byte): those steer the budget. Of the rest, as many as warmpath has non-streaming
-            // requests there may be its own too (they show no first byte at all). Only what is
-            // left, someone else's, gates the backend (policy.rs).
-            let own = waiting.min(state.prefill_pending);
-            let unseen = (waiting - own).min(state.unstreamed);
-            state.waiting = Some(waiting - own - unseen);
+            // byte): those steer the budget. Of the rest, its non-streaming requests there
+            // (they show no first byte at all) and its decoding ones the engine preempted since
+            // the last report may be its own too. Only what is left, someone else's, gates the
+            // backend (policy.rs).
+            state.waiting = Some(waiting - own - unseen - requeued);
             // The budget held requests back since the last snapshot, and requests are queued.
             let held_back = std::mem::take(&mut state.budget_filled) && queued;
             let prefill = &mut self.learned.prefill[usize::from(backend)];

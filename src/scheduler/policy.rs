@@ -72,6 +72,11 @@ pub struct EngineCache {
     /// `vllm:prefix_cache_hits_total`); [`EngineCache::NO_COUNTER`] when not exported.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// Running requests the engine preempted back into its waiting queue (their KV blocks
+    /// taken for others; they are recomputed), cumulative since it started: vLLM
+    /// `vllm:num_preemptions_total`, SGLang `sglang:num_retracted_requests_total`;
+    /// [`EngineCache::NO_COUNTER`] when not exported.
+    pub preemptions: u64,
     /// The share of the KV cache in use, in millionths (at most 1,000,000); vLLM
     /// `vllm:kv_cache_usage_perc` (or `vllm:gpu_cache_usage_perc`), SGLang `sglang:token_usage`;
     /// [`EngineCache::NO_USAGE`] when not exported.
@@ -88,6 +93,7 @@ impl EngineCache {
         kv_capacity_tokens: 0,
         prefix_queries: EngineCache::NO_COUNTER,
         prefix_hits: EngineCache::NO_COUNTER,
+        preemptions: EngineCache::NO_COUNTER,
         kv_usage_micro: EngineCache::NO_USAGE,
     };
 }
@@ -128,6 +134,9 @@ pub(crate) struct Backend {
 
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
+    /// The engine's preemption counter at the last report that carried it
+    /// ([`EngineCache::NO_COUNTER`] before any).
+    pub preemptions: u64,
     /// Fires when a positive waiting gauge goes stale.
     pub stale_timer: Option<TimerKey>,
     /// Taken out of the configuration by a live reload: no new admissions; its in-flight
@@ -153,6 +162,7 @@ impl Backend {
         budget_filled: false,
         waiting: None,
         scraped_at: 0,
+        preemptions: EngineCache::NO_COUNTER,
         stale_timer: None,
         removed: false,
     };
@@ -160,6 +170,38 @@ impl Backend {
     /// Configured, healthy and not ejected: counts toward the model's capacity (S6a).
     pub fn usable(&self) -> bool {
         self.healthy && !self.ejected && !self.removed
+    }
+
+    /// How many requests the engine preempted since the last report that carried its counter
+    /// (`counter`, cumulative; [`EngineCache::NO_COUNTER`] when this report has none): every
+    /// one it counts when it is a new engine (`new_engine`, or a counter that went down), none
+    /// at the first report. Keeps `counter` for the next report.
+    pub fn preempted(&mut self, counter: u64, new_engine: bool) -> u32 {
+        if counter == EngineCache::NO_COUNTER {
+            return 0;
+        }
+        let last = std::mem::replace(&mut self.preemptions, counter);
+        let since = match last {
+            _ if new_engine => counter,
+            EngineCache::NO_COUNTER => 0,
+            last if counter < last => counter,
+            last => counter - last,
+        };
+        u32::try_from(since).unwrap_or(u32::MAX)
+    }
+
+    /// How an `auto` budget reads the engine's `waiting` gauge (docs/configuration.md, "The
+    /// waiting gauge itself"): as many as warmpath has pending there are its own; of the rest,
+    /// as many as it has non-streaming requests there may be those (they show no first byte);
+    /// of the rest, as many of its decoding requests as the engine preempted (`preempted`, since
+    /// the last report) may be back in the queue. Returns those three counts; what is left is
+    /// someone else's queue.
+    pub fn waiting_split(&self, waiting: u32, preempted: u32) -> (u32, u32, u32) {
+        let own = waiting.min(self.prefill_pending);
+        let unseen = (waiting - own).min(self.unstreamed);
+        let decoding = self.inflight.saturating_sub(self.prefill_pending + self.unstreamed);
+        let requeued = (waiting - own - unseen).min(preempted).min(decoding);
+        (own, unseen, requeued)
     }
 
     /// The waiting gauge if it is fresh at `now`.

@@ -110,6 +110,8 @@ struct Backend {
     /// end without one.
     prefill_left_at: Tick,
     unstreamed: Unstreamed,
+    /// The engine's preemption counter at the last report that carried one.
+    preemptions: Option<u64>,
 }
 
 impl Backend {
@@ -125,6 +127,7 @@ impl Backend {
         stale_deadline: None,
         prefill_left_at: 0,
         unstreamed: Unstreamed::NEW,
+        preemptions: None,
     };
 }
 

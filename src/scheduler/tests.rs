@@ -513,6 +513,75 @@ fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_bac
     assert_eq!(admitted(&h.out), vec![4]);
 }
 
+/// A KV-starved engine preempts running sequences back into its waiting queue: under a learned
+/// budget, as many of warmpath's decoding requests as the engine preempted since the last
+/// report may be among the waiting, and do not gate the backend. Without this, an engine short
+/// of KV closed to warmpath at every scrape after a preemption (in the fleet lab, RAGPulse on a
+/// 24,000-token KV cache: follow-up p50 1.20x sglang-router's; perf/RESULTS.md).
+#[test]
+fn under_a_learned_budget_warmpaths_preempted_decodes_do_not_gate_a_backend() {
+    let mut h = learned_budget();
+    let preemptions = |h: &mut Harness, waiting: u32, counter: u64, new_engine: bool| {
+        let mut snapshot = Snapshot::new(true, Some(waiting), h.now);
+        snapshot.cache = EngineCache { preemptions: counter, ..EngineCache::UNKNOWN };
+        snapshot.new_engine = new_engine;
+        h.send(Input::Snapshot { backend: 0, snapshot })
+    };
+    // Three streaming requests past their first byte: decoding.
+    for id in 1..=3 {
+        assert_eq!(admitted(&h.arrive_with(id, None, 100, true)), vec![id]);
+        h.send(Input::FirstByte(RequestId(id)));
+    }
+    // The first report with the counter sets its baseline: nothing preempted since.
+    preemptions(&mut h, 0, 40, false);
+    // Two preempted since: two waiting are possibly warmpath's decodes, the backend stays open.
+    h.at(1);
+    preemptions(&mut h, 2, 42, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(0));
+    assert_eq!(admitted(&h.arrive_with(4, None, 100, true)), vec![4]);
+    // Five waiting, one of them warmpath's pending request, two preempted since: the other two
+    // are someone else's and close it.
+    h.at(2);
+    preemptions(&mut h, 5, 44, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(2));
+    assert!(h.arrive_with(5, None, 100, true).is_empty(), "someone else's queue gates");
+    // Nothing preempted since the last report: the same gauge is someone else's queue, but
+    // the one pending request.
+    h.at(3);
+    preemptions(&mut h, 3, 44, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(2));
+    // No more preempted than warmpath has decoding there (3; its pending one is counted apart).
+    h.at(4);
+    preemptions(&mut h, 9, 60, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(5));
+    // A new engine's counter counts from its start (this opens the backend to request 5,
+    // which is then pending too), and so does one that went down.
+    h.at(5);
+    preemptions(&mut h, 3, 2, true);
+    assert_eq!(h.s.backend_waiting(0).0, Some(0));
+    assert_eq!(admitted(&h.out), vec![5]);
+    h.at(6);
+    preemptions(&mut h, 3, 1, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(0));
+    // A report without the counter excuses none and keeps the baseline.
+    h.at(7);
+    h.snapshot(0, true, Some(3));
+    assert_eq!(h.s.backend_waiting(0).0, Some(1));
+    h.at(8);
+    preemptions(&mut h, 3, 2, false);
+    assert_eq!(h.s.backend_waiting(0).0, Some(0));
+    // With a fixed budget the whole gauge gates (S6.2).
+    let mut p = params();
+    p.inflight_per_backend = 64;
+    p.prefill_tokens_per_backend = Budget::Tokens(1_000_000);
+    let mut h = Harness::new(p);
+    h.arrive_with(1, None, 100, true);
+    h.send(Input::FirstByte(RequestId(1)));
+    preemptions(&mut h, 0, 0, false);
+    preemptions(&mut h, 1, 1, false);
+    assert!(h.arrive_with(2, None, 100, true).is_empty());
+}
+
 #[test]
 fn streak_bound_lets_the_oldest_normal_request_through() {
     let mut p = params();

@@ -14,6 +14,7 @@
 //! | `kv_capacity_tokens` | labels of `vllm:cache_config_info` (below)                                | `sglang:max_total_num_tokens` |
 //! | `prefix_queries`     | `vllm:prefix_cache_queries_total`, else `vllm:gpu_prefix_cache_queries_total` | `sglang:prompt_tokens_total`  |
 //! | `prefix_hits`        | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`   | `sglang:cached_tokens_total`  |
+//! | `preemptions`        | `vllm:num_preemptions_total`                                              | `sglang:num_retracted_requests_total` |
 //!
 //! An older vLLM name is used only when the body holds no series of the newer one. Each field
 //! is summed over its family's series (one per data-parallel engine), except `cache_usage`, a
@@ -42,6 +43,12 @@
 //!   counter only when a request had cached tokens, so its series appears with the first hit:
 //!   for SGLang a body with prompt tokens and no cached-tokens series means 0 hits. Its
 //!   `sglang:cache_hit_rate` gauge is a rate, not a counter, and is not read.
+//! - **Preemptions**: vLLM's counter `vllm:num_preemptions` ("Cumulative number of preemption
+//!   from the engine": a running request whose KV blocks were taken back, which goes to the
+//!   front of the waiting queue to be recomputed) and SGLang's `sglang:num_retracted_requests`
+//!   ("Total number of retracted requests", its name for the same; the older gauge
+//!   `sglang:num_retracted_reqs` is not a count since start and is not read). Both are
+//!   exported as `NAME_total`.
 //!
 //! **The KV capacity of vLLM** is read from the labels of `vllm:cache_config_info`: per
 //! series, `kv_cache_size_tokens` when it is a decimal integer, else `num_gpu_blocks` ×
@@ -132,6 +139,7 @@ impl EngineKind {
                 ("vllm:prefix_cache_hits_total", S(Sum::PrefixHits)),
                 ("vllm:gpu_prefix_cache_queries_total", S(Sum::PrefixQueriesLegacy)),
                 ("vllm:gpu_prefix_cache_hits_total", S(Sum::PrefixHitsLegacy)),
+                ("vllm:num_preemptions_total", S(Sum::Preemptions)),
                 ("vllm:cache_config_info", CacheConfigInfo),
             ],
             Self::Sglang => &[
@@ -141,6 +149,7 @@ impl EngineKind {
                 ("sglang:max_total_num_tokens", S(Sum::KvCapacity)),
                 ("sglang:prompt_tokens_total", S(Sum::PrefixQueries)),
                 ("sglang:cached_tokens_total", S(Sum::PrefixHits)),
+                ("sglang:num_retracted_requests_total", S(Sum::Preemptions)),
             ],
         }
     }
@@ -168,10 +177,11 @@ enum Sum {
     PrefixQueriesLegacy,
     PrefixHits,
     PrefixHitsLegacy,
+    Preemptions,
 }
 
 /// How many [`Sum`]s there are.
-const SUMS: usize = 9;
+const SUMS: usize = 10;
 
 /// What one scrape read, each summed over the series of its family; `None` when the body holds
 /// no series of that family (or, for vLLM's capacity, a strange info gauge: see the module
@@ -191,6 +201,9 @@ pub struct EngineGauges {
     pub prefix_queries: Option<f64>,
     /// Prefix-cache hits in tokens, cumulative since the engine started.
     pub prefix_hits: Option<f64>,
+    /// Running requests the engine preempted back into its waiting queue, cumulative since it
+    /// started.
+    pub preemptions: Option<f64>,
 }
 
 impl EngineGauges {
@@ -215,6 +228,7 @@ impl EngineGauges {
             kv_capacity_tokens: self.kv_capacity_tokens.map_or(0, |v| v.round() as u32),
             prefix_queries: counter(self.prefix_queries),
             prefix_hits: counter(self.prefix_hits),
+            preemptions: counter(self.preemptions),
             kv_usage_micro: self
                 .cache_usage
                 .map_or(EngineCache::NO_USAGE, |usage| (usage.min(1.0) * 1e6).round() as u32),
@@ -339,6 +353,7 @@ pub fn parse_gauges(
         kv_capacity_tokens: sum(Sum::KvCapacity).or(capacity.tokens()),
         prefix_queries,
         prefix_hits,
+        preemptions: sum(Sum::Preemptions),
     })
 }
 

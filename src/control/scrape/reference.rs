@@ -19,6 +19,7 @@ fn families(kind: EngineKind) -> &'static [(&'static str, &'static str)] {
             ("vllm:prefix_cache_hits_total", "hits"),
             ("vllm:gpu_prefix_cache_queries_total", "queries_old"),
             ("vllm:gpu_prefix_cache_hits_total", "hits_old"),
+            ("vllm:num_preemptions_total", "preemptions"),
             ("vllm:cache_config_info", "info"),
         ],
         EngineKind::Sglang => &[
@@ -28,6 +29,7 @@ fn families(kind: EngineKind) -> &'static [(&'static str, &'static str)] {
             ("sglang:max_total_num_tokens", "capacity"),
             ("sglang:prompt_tokens_total", "queries"),
             ("sglang:cached_tokens_total", "hits"),
+            ("sglang:num_retracted_requests_total", "preemptions"),
         ],
     }
 }
@@ -106,6 +108,7 @@ pub fn parse_gauges(
         kv_capacity_tokens: get("capacity").or(info.map(|tokens| tokens as f64)),
         prefix_queries: queries,
         prefix_hits: hits,
+        preemptions: get("preemptions"),
     })
 }
 
@@ -246,9 +249,10 @@ pub fn check_properties(data: &[u8]) {
                 kv_capacity_tokens,
                 prefix_queries,
                 prefix_hits,
+                preemptions,
             } = gauges;
             let values = [waiting, running, cache_usage, kv_capacity_tokens, prefix_queries];
-            for value in values.into_iter().chain([prefix_hits]).flatten() {
+            for value in values.into_iter().chain([prefix_hits, preemptions]).flatten() {
                 assert!(value.is_finite() && value >= 0.0, "{value} from {data:?}");
             }
         }

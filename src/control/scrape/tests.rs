@@ -482,6 +482,32 @@ fn sglang_cache_fields() {
 }
 
 #[test]
+fn preemption_counters_are_summed_over_engines() {
+    let two = "vllm:num_preemptions_total{engine=\"0\",model_name=\"m\"} 3.0\n\
+               vllm:num_preemptions_total{engine=\"1\",model_name=\"m\"} 4.0\n";
+    assert_eq!(vllm(two).unwrap().preemptions, Some(7.0));
+    assert_eq!(vllm(two).unwrap().cache().preemptions, 7);
+    // SGLang's retraction counter is its preemption counter; its older gauge is not read.
+    let sglang = format!(
+        "{SGLANG}sglang:num_retracted_requests_total{{model_name=\"q\"}} 5\n\
+         sglang:num_retracted_reqs{{model_name=\"q\"}} 2\n"
+    );
+    let gauges = parse(EngineKind::Sglang, sglang.as_bytes()).unwrap();
+    assert_eq!(gauges.preemptions, Some(5.0));
+    assert_eq!(parse(EngineKind::Sglang, SGLANG.as_bytes()).unwrap().preemptions, None);
+    // Absent: not exported. Each engine reads only its own name.
+    assert_eq!(vllm(VLLM).unwrap().preemptions, None);
+    assert_eq!(vllm(VLLM).unwrap().cache().preemptions, EngineCache::NO_COUNTER);
+    let other = parse(EngineKind::Sglang, two.as_bytes()).unwrap();
+    assert_eq!(other.preemptions, None);
+    // A malformed or negative sample fails the scrape, like every summed family's.
+    let bad = "vllm:num_preemptions_total{engine=\"0\"} -1\n";
+    assert!(matches!(vllm(bad), Err(ScrapeError::BadValue { line: 1, .. })), "{:?}", vllm(bad));
+    check_properties(two.as_bytes());
+    check_properties(sglang.as_bytes());
+}
+
+#[test]
 fn cache_rounds_and_saturates() {
     let gauges = EngineGauges {
         kv_capacity_tokens: Some(1e12),

@@ -178,12 +178,9 @@ impl Reference {
             self.resize_index(backend);
         }
         let stale_after = self.p.metrics_stale_after;
-        let own =
-            self.admitted.iter().filter(|a| a.backend == backend && a.prefill_pending).count();
-        let own = own as u32;
-        let unstreamed = self.admitted.iter().filter(|a| a.backend == backend);
-        let unstreamed = unstreamed.filter(|a| !a.request.streaming).count() as u32;
+        let (own, unstreamed, decoding) = self.admitted_kinds(backend);
         let queued = !self.queued.is_empty();
+        let preempted = self.preempted(backend, cache.preemptions, snapshot.new_engine);
         let state = &mut self.backends[b];
         state.healthy = snapshot.healthy;
         if snapshot.healthy && state.ejected && snapshot.scraped_at > state.ejected_at {
@@ -196,9 +193,13 @@ impl Reference {
         let state = &mut self.backends[b];
         if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
         {
-            // Warmpath's pending requests, then its non-streaming ones, may be the waiting ones.
+            // Warmpath's pending requests, then its non-streaming ones, then as many of its
+            // decoding ones as the engine preempted since the last report, may be the waiting
+            // ones.
             let mine = waiting.min(own);
-            state.waiting = Some(waiting - mine - (waiting - mine).min(unstreamed));
+            let rest = waiting - mine - (waiting - mine).min(unstreamed);
+            let requeued = u64::from(rest.min(decoding)).min(preempted) as u32;
+            state.waiting = Some(rest - requeued);
             let l = &mut self.learned[b];
             let held_back = std::mem::take(&mut l.filled) && queued;
             if held_back {
@@ -214,6 +215,35 @@ impl Reference {
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
         let positive = state.waiting.is_some_and(|w| w > 0);
         state.stale_deadline = (positive && stale_at > now).then_some(stale_at);
+    }
+
+    /// Warmpath's requests in flight on `backend`: streaming ones without a first byte,
+    /// non-streaming ones, and streaming ones past their first byte (decoding).
+    fn admitted_kinds(&self, backend: u16) -> (u32, u32, u32) {
+        let mut kinds = (0, 0, 0);
+        for a in self.admitted.iter().filter(|a| a.backend == backend) {
+            match (a.request.streaming, a.prefill_pending) {
+                (true, true) => kinds.0 += 1,
+                (false, _) => kinds.1 += 1,
+                (true, false) => kinds.2 += 1,
+            }
+        }
+        kinds
+    }
+
+    /// The engine's preemptions since the last report with its counter (`counter`): all of a
+    /// new engine's, or of one whose counter went down; none at the first.
+    fn preempted(&mut self, backend: u16, counter: u64, new_engine: bool) -> u64 {
+        if counter == EngineCache::NO_COUNTER {
+            return 0;
+        }
+        let last = self.backends[usize::from(backend)].preemptions.replace(counter);
+        match last {
+            Some(last) if !new_engine && counter >= last => counter - last,
+            Some(_) => counter,
+            None if new_engine => counter,
+            None => 0,
+        }
     }
 
     /// The prefill budget in effect on `backend`: the configured one, or under `auto` the

@@ -645,7 +645,8 @@ impl Scheduler {
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
         let preempted = state.preempted(cache.preemptions, snapshot.new_engine);
-        let split = snapshot.waiting.map(|waiting| (waiting, state.waiting_split(waiting, preempted)));
+        let split =
+            snapshot.waiting.map(|waiting| (waiting, state.waiting_split(waiting, preempted)));
         if let Some((_, (_, unseen, _))) = split {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.engine_waiting(unseen, rate, now);

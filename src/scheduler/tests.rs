@@ -517,7 +517,8 @@ fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_bac
 /// budget, as many of warmpath's decoding requests as the engine preempted since the last
 /// report may be among the waiting, and do not gate the backend. Without this, an engine short
 /// of KV closed to warmpath at every scrape after a preemption (in the fleet lab, RAGPulse on a
-/// 24,000-token KV cache: follow-up p50 1.20x sglang-router's; perf/RESULTS.md).
+/// 24,000-token KV cache: follow-up p50 1.16x sglang-router's, 1.07x with this;
+/// perf/RESULTS.md).
 #[test]
 fn under_a_learned_budget_warmpaths_preempted_decodes_do_not_gate_a_backend() {
     let mut h = learned_budget();

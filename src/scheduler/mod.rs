@@ -645,20 +645,19 @@ impl Scheduler {
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
         let preempted = state.preempted(cache.preemptions, snapshot.new_engine);
-        let split =
-            snapshot.waiting.map(|waiting| (waiting, state.waiting_split(waiting, preempted)));
-        if let Some((_, (_, unseen, _))) = split {
+        let split = snapshot.waiting.map(|waiting| state.waiting_split(waiting, preempted));
+        if let Some((_, unseen, _)) = split {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.engine_waiting(unseen, rate, now);
         }
-        if let (true, Some((waiting, (own, unseen, requeued)))) = (auto, split) {
+        if let (true, Some((own, _, others))) = (auto, split) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
             // to be its own (a request it sent and the engine has not started has no first
             // byte): those steer the budget. Of the rest, its non-streaming requests there
             // (they show no first byte at all) and its decoding ones the engine preempted since
             // the last report may be its own too. Only what is left, someone else's, gates the
             // backend (policy.rs).
-            state.waiting = Some(waiting - own - unseen - requeued);
+            state.waiting = Some(others);
             // The budget held requests back since the last snapshot, and requests are queued.
             let held_back = std::mem::take(&mut state.budget_filled) && queued;
             let prefill = &mut self.learned.prefill[usize::from(backend)];

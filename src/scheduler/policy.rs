@@ -194,14 +194,14 @@ impl Backend {
     /// waiting gauge itself"): as many as warmpath has pending there are its own; of the rest,
     /// as many as it has non-streaming requests there may be those (they show no first byte);
     /// of the rest, as many of its decoding requests as the engine preempted (`preempted`, since
-    /// the last report) may be back in the queue. Returns those three counts; what is left is
-    /// someone else's queue.
+    /// the last report) may be back in the queue. Returns the first two counts and what is
+    /// left after all three: someone else's queue.
     pub fn waiting_split(&self, waiting: u32, preempted: u32) -> (u32, u32, u32) {
         let own = waiting.min(self.prefill_pending);
         let unseen = (waiting - own).min(self.unstreamed);
         let decoding = self.inflight.saturating_sub(self.prefill_pending + self.unstreamed);
-        let requeued = (waiting - own - unseen).min(preempted).min(decoding);
-        (own, unseen, requeued)
+        let rest = waiting - own - unseen;
+        (own, unseen, rest - rest.min(preempted).min(decoding))
     }
 
     /// The waiting gauge if it is fresh at `now`.

@@ -47,8 +47,10 @@ const BROWSER_PATIENCE: Duration = Duration::from_secs(40);
 /// margin is 0 only under status.css) and the queue sparkline's points and label; `null`
 /// while the page is still loading.
 const READ_PAGE: &str = r##"(() => {
+  // Not loaded yet: a document still being parsed may hold the card's start and not its end.
+  if (document.readyState !== "complete") return null;
   const card = document.querySelector("section.model");
-  if (!card || !document.getElementById("live")) return null; // not loaded yet
+  if (!card || !document.getElementById("live")) return null;
   const cells = [];
   card.querySelectorAll("[data-p]:not(th)").forEach((c) => {
     if (!c.closest("table.waiting > tbody"))

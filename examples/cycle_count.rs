@@ -30,6 +30,7 @@ fn params(max_queued: u32, tenants: u16) -> Params {
         queue_timeout: Some(30 * SECOND),
         max_queued,
         inflight_per_backend: SLOTS,
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: SESSIONS as u32,
         max_overtakes: 16,

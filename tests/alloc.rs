@@ -108,6 +108,11 @@ fn no_allocation_per_request_after_warm_up() {
         queue_timeout: Some(40 * MS),
         max_queued: 256,
         inflight_per_backend: 4,
+        // A learned cap allocates when it grows past the arena, up to its ceiling
+        // (`scheduler::estimate`, "The inflight cap"): a bounded number of times, not per request.
+        // This driver's waiting gauge reads 0 or 1 whatever is sent, so a learned cap would grow
+        // toward its ceiling throughout; the fixed one keeps the arena at its size.
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Auto,
         max_sessions: 128,
         max_overtakes: 1,

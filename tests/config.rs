@@ -76,7 +76,7 @@ fn minimal_file_takes_every_default() {
     )]);
     assert_eq!(config, expected);
     assert_eq!(config.queue.max_queued, 65_536);
-    assert_eq!(config.queue.inflight_per_backend, 256);
+    assert_eq!(config.queue.inflight_per_backend, Setting::Auto);
     assert_eq!(config.queue.grace_period, Duration::ZERO);
     assert_eq!(config.upstream.header_timeout, Duration::from_secs(600));
     assert_eq!(config.upstream.eject_after_failures, 3);
@@ -283,7 +283,7 @@ fn every_env_var_is_applied() {
         assert_eq!(queue.strategy, Strategy::Fifo);
         assert_eq!(queue.session_header, "X-Conversation");
         assert_eq!(queue.max_sessions, 1000);
-        assert_eq!(queue.inflight_per_backend, 16);
+        assert_eq!(queue.inflight_per_backend, Setting::Fixed(16));
         assert_eq!(queue.grace_period, Duration::from_millis(150));
         assert_eq!(queue.timeout, Duration::from_secs(90));
         assert_eq!(queue.max_overtakes, 0);

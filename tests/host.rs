@@ -27,6 +27,7 @@ fn params(timeout: Option<u64>) -> Params {
         queue_timeout: timeout,
         max_queued: 100_000,
         inflight_per_backend: 4,
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: 64,
         max_overtakes: 4,

@@ -84,6 +84,7 @@ fn params(rng: &mut Rng) -> Params {
         queue_timeout: Some((500 + rng.below(3000)) * MS),
         max_queued: 16 + rng.below(64) as u32,
         inflight_per_backend: 1 + rng.below(4) as u32,
+        inflight_learned: rng.below(2) == 0,
         prefill_tokens_per_backend: match rng.below(4) {
             0 => Budget::Auto,
             n => Budget::Tokens([0, 2_000, 20_000][n as usize - 1]),

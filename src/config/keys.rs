@@ -218,7 +218,7 @@ impl QueueConfig {
             "strategy" => self.strategy = named(raw, Strategy::ALL, Strategy::name)?,
             "timeout" => self.timeout = duration(raw)?,
             "max_queued" => self.max_queued = unsigned(raw)?,
-            "inflight_per_backend" => self.inflight_per_backend = unsigned(raw)?,
+            "inflight_per_backend" => self.inflight_per_backend = auto_or(raw, unsigned)?,
             "prefill_tokens_per_backend" => {
                 self.prefill_tokens_per_backend = auto_or(raw, unsigned)?;
             }

@@ -198,8 +198,9 @@ pub struct QueueConfig {
     pub timeout: Duration,
     /// S11: queued requests per model; beyond that, 429.
     pub max_queued: u32,
-    /// S6.1: safety cap on one backend's inflight requests.
-    pub inflight_per_backend: u32,
+    /// S6.1: safety cap on one backend's inflight requests: learned per backend from 256
+    /// (`auto`), or fixed.
+    pub inflight_per_backend: Setting<u32>,
     /// S6.3: prefill backlog budget per backend, in estimated prompt tokens: learned per
     /// backend (`auto`), or fixed (`0` = off).
     pub prefill_tokens_per_backend: Setting<u64>,
@@ -408,7 +409,7 @@ impl Default for QueueConfig {
             strategy: Strategy::SessionBoost,
             timeout: Duration::from_secs(30),
             max_queued: 65_536,
-            inflight_per_backend: 256,
+            inflight_per_backend: Setting::Auto,
             prefill_tokens_per_backend: Setting::Auto,
             session_header: "X-Session-ID".to_owned(),
             session_sources: None,

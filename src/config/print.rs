@@ -10,7 +10,9 @@ use super::{Config, ModelConfig, QueueConfig, ServerConfig, Setting, TenantConfi
 use super::{RateLimitConfig, UpstreamConfig};
 use crate::credential::hex;
 use crate::scheduler::cache_model::INDEX_DEFAULT_BLOCKS;
-use crate::scheduler::estimate::{BUDGET_UNLEARNED, WAITING_TARGET};
+use crate::scheduler::estimate::{
+    BUDGET_UNLEARNED, INFLIGHT_MAX, INFLIGHT_UNLEARNED, WAITING_TARGET,
+};
 
 /// The whole document.
 pub(crate) fn config(config: &Config) -> String {
@@ -37,6 +39,15 @@ fn auto_budget(out: &mut String) {
         "#   auto: per backend, starts at {BUDGET_UNLEARNED} estimated tokens and moves so that \
          the engine's own queue\n#   holds {WAITING_TARGET} of warmpath's requests while \
          warmpath holds more (docs/configuration.md)"
+    );
+}
+
+/// What `inflight_per_backend = "auto"` resolves to, as comment lines.
+fn auto_inflight(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "#   auto: per backend, starts at {INFLIGHT_UNLEARNED} and grows while the engine starts \
+         every request sent, up to {INFLIGHT_MAX}\n#   (docs/configuration.md)"
     );
 }
 
@@ -121,6 +132,9 @@ fn queue(out: &mut String, queue: &QueueConfig) {
     line(out, "timeout", duration(queue.timeout));
     line(out, "max_queued", queue.max_queued);
     line(out, "inflight_per_backend", queue.inflight_per_backend);
+    if queue.inflight_per_backend == Setting::Auto {
+        auto_inflight(out);
+    }
     line(out, "prefill_tokens_per_backend", queue.prefill_tokens_per_backend);
     if queue.prefill_tokens_per_backend == Setting::Auto {
         auto_budget(out);

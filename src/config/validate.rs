@@ -289,7 +289,9 @@ fn check_tenant_name(name: &str) -> Result<(), String> {
 fn queue(context: &str, queue: &QueueConfig) -> Check {
     let c = context;
     range(c, "queue.max_queued", queue.max_queued, 1, QUEUED_MAX)?;
-    range(c, "queue.inflight_per_backend", queue.inflight_per_backend, 1, 1_048_576)?;
+    if let Setting::Fixed(cap) = queue.inflight_per_backend {
+        range(c, "queue.inflight_per_backend", cap, 1, 1_048_576)?;
+    }
     if !is_header_name(&queue.session_header) {
         let reason = "not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~)";
         return Err(invalid(c, "queue.session_header", quoted(&queue.session_header), reason));
@@ -472,7 +474,7 @@ mod tests {
 
     #[test]
     fn queue_ranges() {
-        let message = refused(|c| c.models[0].queue.inflight_per_backend = 0);
+        let message = refused(|c| c.models[0].queue.inflight_per_backend = Setting::Fixed(0));
         assert_eq!(message, "model \"llama\": queue.inflight_per_backend = 0: must be at least 1");
         assert_eq!(refused(|c| c.queue.max_queued = 0), "queue.max_queued = 0: must be at least 1");
         assert_eq!(

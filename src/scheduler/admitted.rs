@@ -92,6 +92,7 @@ impl Scheduler {
         let state = &mut self.backends[usize::from(backend)];
         self.learned.backlog[slot] = tokens;
         state.inflight += 1;
+        state.cap_filled |= state.inflight + state.holds >= state.cap;
         self.learned.admission[slot] = if streaming {
             now
         } else {

@@ -175,7 +175,12 @@ pub struct Params {
     /// S9; `None` = no deadline.
     pub queue_timeout: Option<Tick>,
     pub max_queued: u32,
+    /// S6.1: the cap on a backend's inflight requests and grace holds; with
+    /// `inflight_learned`, the cap each backend's learned one starts from and never goes below.
     pub inflight_per_backend: u32,
+    /// `inflight_per_backend = "auto"`: each backend's cap is learned from its engine's waiting
+    /// gauge (`estimate`, "The inflight cap").
+    pub inflight_learned: bool,
     /// S6.3: the prefill budget per backend.
     pub prefill_tokens_per_backend: Budget,
     pub max_sessions: u32,

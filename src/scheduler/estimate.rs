@@ -100,6 +100,29 @@
 //! as the residual of a first byte over the work ahead of it, is mostly the engine step the
 //! request lands in, and under load it swung a hundredfold, and the budget with it.
 //!
+//! ## The inflight cap ([`next_cap`], per backend)
+//!
+//! S6.1 caps a backend's inflight requests as a safety bound, to be sized like the engine's own
+//! limit on running sequences (vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`). No
+//! metric of either engine exports that limit, and it differs by GPU and version: vLLM's V1 default
+//! is 1,024 on a GPU of 70 GiB or more other than an A100 and 256 on the rest
+//! (`vllm/engine/arg_utils.py`, `get_batch_defaults`). A cap of 256 in front of an engine that runs
+//! 1,024 holds requests in warmpath that the engine would have started: short requests at a high
+//! rate, or long decodes, then wait for a slot while the engine has room (in the fleet lab,
+//! one-turn prompts of a few tokens on two engines with 50 ms steps: first-turn p50 1.9x
+//! `cache_aware`'s, which has no cap; `perf/RESULTS.md`, twenty-third session). With
+//! `inflight_per_backend = "auto"`, each backend's cap starts at [`INFLIGHT_UNLEARNED`] and moves
+//! at each snapshot in which it held requests back (an admission or a grace hold brought the
+//! backend to it, and requests are queued), by the engine's waiting gauge as the budget reads it: a
+//! quarter larger when at most [`WAITING_TARGET`] of warmpath's requests wait in the engine and
+//! nobody else's do (every request sent was started: the engine has room), an eighth smaller when
+//! more of warmpath's wait (the engine runs all it can, and what waits there is out of warmpath's
+//! order), never below the configured start and never above [`INFLIGHT_MAX`]. (A backend at its cap
+//! with requests queued holds them back whether or not an admission reached the cap since the last
+//! snapshot: a cap that went down under the backend's inflight admits nothing.) A backend whose
+//! engine exports no waiting gauge keeps the start. The budget still bounds the streaming prefills
+//! sent; the cap bounds the rest, the decoding requests and the non-streaming ones.
+//!
 //! What each backend's engine says of its caches (KV capacity, hit ratios, usage) and the
 //! prefix index's calibration are learned in `cache_model`, and held here, in [`Learned`].
 
@@ -129,8 +152,30 @@ pub const BUDGET_MIN: u64 = 1024;
 pub const BUDGET_MAX: u64 = 1 << 24;
 /// The budget, in estimated tokens, before the rate and latency of a backend are known.
 pub const BUDGET_UNLEARNED: u64 = 16_384;
+/// A learned inflight cap's start and floor: S6.1's former default, vLLM's default
+/// `max_num_seqs` on GPUs below 70 GB.
+pub const INFLIGHT_UNLEARNED: u32 = 256;
+/// The most a learned inflight cap grows to: vLLM's default `max_num_seqs` on large GPUs four
+/// times over.
+pub const INFLIGHT_MAX: u32 = 4096;
 /// Body bytes after which the token-rate sums are halved.
 pub const TOKEN_RATE_HORIZON: u64 = 1 << 24;
+
+/// A backend's learned inflight cap after a snapshot (module doc, "The inflight cap"): `cap`
+/// before it, `floor` the configured start, `mine` the requests of warmpath's and `others`
+/// those of someone else the engine reports waiting, `capped` whether the cap held requests
+/// back since the previous snapshot.
+pub fn next_cap(cap: u32, floor: u32, mine: u32, others: u32, capped: bool) -> u32 {
+    if !capped {
+        cap
+    } else if mine <= WAITING_TARGET && others == 0 {
+        (cap + cap.div_ceil(4)).min(INFLIGHT_MAX.max(floor))
+    } else if mine > WAITING_TARGET {
+        (cap - cap / 8).max(floor)
+    } else {
+        cap
+    }
+}
 
 /// Tokens per byte of request body, learned from responses' `usage.prompt_tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,6 +424,8 @@ pub struct BackendEstimates {
     pub budget_at: Tick,
     /// The budget in force (0 = none), learned or fixed.
     pub budget: u64,
+    /// The inflight cap in force (S6.1), learned or fixed.
+    pub inflight_cap: u32,
     /// KV capacity the engine exported, tokens (0: never), and when.
     pub kv_capacity_tokens: u64,
     pub kv_capacity_at: Tick,

@@ -16,6 +16,7 @@ fn params(weights: &[u16]) -> Params {
         queue_timeout: None,
         max_queued: 10_000,
         inflight_per_backend: 1,
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: 1000,
         max_overtakes: 16,

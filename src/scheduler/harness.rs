@@ -74,6 +74,7 @@ fn params(bytes: &mut Bytes) -> Params {
         queue_timeout: [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)][bytes.below(3) as usize],
         max_queued: 1 + bytes.below(12),
         inflight_per_backend: 1 + bytes.below(3),
+        inflight_learned: bytes.below(2) == 0,
         prefill_tokens_per_backend: budget(bytes),
         max_sessions: 1 + bytes.below(6),
         max_overtakes: bytes.below(4),
@@ -230,7 +231,10 @@ fn decode_reconfigure(bytes: &mut Bytes, current: &Params) -> Step {
     }
     match bytes.below(11) {
         0 => params.max_queued = 1 + bytes.below(12),
-        1 => params.inflight_per_backend = 1 + bytes.below(3),
+        1 => {
+            params.inflight_per_backend = 1 + bytes.below(3);
+            params.inflight_learned = bytes.below(2) == 0;
+        }
         2 => {
             let timeouts = [None, Some(50 * RESOLUTION), Some(5 * RESOLUTION)];
             params.queue_timeout = timeouts[bytes.below(3) as usize];
@@ -478,7 +482,8 @@ fn compare_state(real: &Scheduler, model: &Reference, backends: u16, context: &d
         assert_eq!(a, b, "prefill of {backend}, {}", context());
         let e = real.backend_estimates(backend);
         let a = (e.rate.0, e.rate.1, e.budget, e.kv_capacity_tokens, e.index_capacity, e.restarts);
-        let a = (a, (e.kv_pressure_micro, e.kv_held_micro), (e.decode_gap, e.expected_output));
+        let pressure = (e.kv_pressure_micro, e.kv_held_micro, e.inflight_cap);
+        let a = (a, pressure, (e.decode_gap, e.expected_output));
         assert_eq!(a, model.backend_estimates(backend), "estimates of {backend}, {}", context());
     }
     assert_eq!(real.next_wakeup(), model.next_wakeup(), "next wake-up, {}", context());

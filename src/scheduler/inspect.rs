@@ -163,6 +163,7 @@ impl Scheduler {
             rate_at: prefill.rate_at,
             budget_at: prefill.budget_at,
             budget: self.backends[b].budget,
+            inflight_cap: self.backends[b].cap,
             kv_capacity_tokens: cache.kv_capacity_tokens,
             kv_capacity_at: cache.kv_capacity_at,
             predicted_hit_micro: cache.predicted_micro,
@@ -252,10 +253,13 @@ impl Scheduler {
             assert!(backend.unstreamed > 0 || empty, "non-streaming backlog of {index}");
             assert_eq!(backend.holds, holds[index], "holds of backend {index}");
             // A reconfiguration may lower the cap under a backend's inflight; no slot is held
-            // then, and none is admitted until it is under the cap again.
+            // then, and none is admitted until it is under the cap again. A learned cap goes
+            // down under a backend's slots, held ones too, and never below the configured one.
             let slots = backend.inflight + backend.holds;
-            let over = backend.holds == 0 && backend.inflight >= self.params.inflight_per_backend;
-            assert!(slots <= self.params.inflight_per_backend || over, "backend {index} over cap");
+            let over = backend.holds == 0 && backend.inflight >= backend.cap;
+            let learned = self.params.inflight_learned;
+            assert!(slots <= backend.cap || over || learned, "backend {index} over cap");
+            assert!(backend.cap >= self.params.inflight_per_backend, "backend {index} cap");
         }
         assert_eq!(self.inflight, inflight.iter().sum::<u32>(), "model inflight");
         assert_eq!(self.held, holds.iter().sum::<u32>(), "model holds");

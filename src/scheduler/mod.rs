@@ -180,6 +180,7 @@ impl Scheduler {
         let mut backends = vec![Backend::NEW; usize::from(params.backends)];
         for backend in &mut backends {
             backend.budget = initial_budget(params.prefill_tokens_per_backend);
+            backend.cap = params.inflight_per_backend;
         }
         let fair = fair::Fair::new(&params.tenant_weights);
         let mut queue = Queue::with_capacity(arena as u32);
@@ -262,34 +263,27 @@ impl Scheduler {
         let count = usize::from(params.backends);
         let mut new_backend = Backend::NEW;
         new_backend.budget = initial_budget(params.prefill_tokens_per_backend);
+        new_backend.cap = params.inflight_per_backend;
         self.backends.resize(count, new_backend);
         if params.prefill_tokens_per_backend != self.params.prefill_tokens_per_backend {
             for (backend, prefill) in self.backends.iter_mut().zip(&self.learned.prefill) {
                 backend.budget = budget_of(params.prefill_tokens_per_backend, prefill);
             }
         }
+        // A learned cap keeps what it learned across a reload that keeps learning, above the
+        // new start; any other reload sets every cap to the configured one.
+        let keep = params.inflight_learned && self.params.inflight_learned;
+        for backend in &mut self.backends {
+            let learned = if keep { backend.cap } else { 0 };
+            backend.cap = learned.max(params.inflight_per_backend);
+        }
         self.eligible.resize(count, false);
         for (backend, &live) in self.backends.iter_mut().zip(live) {
             backend.removed = !live;
         }
         self.usable = self.backends.iter().filter(|b| b.usable()).count() as u16;
-        let slots = u64::from(params.inflight_per_backend) * u64::from(params.backends);
-        // Requests admitted under a higher cap stay until they finish (no new admission goes
-        // past the new one): the arena holds a full queue beside them.
-        let cap = params.inflight_per_backend;
-        let admitted: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(cap))).sum();
-        let arena = u64::from(params.max_queued) + admitted;
-        assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
-        self.queue.grow(arena as u32);
         self.fair.grow(&params.tenant_weights);
         self.queue.grow_tenants(self.fair.len());
-        self.learned.grow(count, arena as usize);
-        if let Some(prefix) = &mut self.prefix {
-            prefix.grow(&params, arena as u32);
-        }
-        self.holds_max = if params.boost && params.grace_period > 0 { slots as usize } else { 0 };
-        self.holds.reserve(self.holds_max);
-        self.wheel.reserve(self.holds_max + count + 1);
         match (self.params.queue_timeout, params.queue_timeout) {
             (Some(old), Some(new)) if old != new => {
                 self.queue.map_deadlines(|d| d.saturating_sub(old).saturating_add(new));
@@ -300,8 +294,28 @@ impl Scheduler {
         }
         self.gates = Gates::of(&params);
         self.params = params;
+        self.grow_arena();
         self.fire_timers(now, out);
         self.admit_ready(now, out);
+    }
+
+    /// Grows the arena and what is sized by it to `max_queued` plus every backend's slots under
+    /// the parameters: its cap, or its inflight where that is more (requests admitted under a
+    /// higher cap stay until they finish, and no new admission goes past the new one). Allocates
+    /// only when the arena grows: at a reload, or when a learned cap rises past what it held.
+    fn grow_arena(&mut self) {
+        let slots: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(b.cap))).sum();
+        let arena = u64::from(self.params.max_queued) + slots;
+        assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
+        self.queue.grow(arena as u32);
+        self.learned.grow(self.backends.len(), arena as usize);
+        if let Some(prefix) = &mut self.prefix {
+            prefix.grow(&self.params, arena as u32);
+        }
+        let holding = self.params.boost && self.params.grace_period > 0;
+        self.holds_max = if holding { slots as usize } else { 0 };
+        self.holds.reserve(self.holds_max);
+        self.wheel.reserve(self.holds_max + self.backends.len() + 1);
     }
 
     /// Ends every grace hold (its slot returns to admission).
@@ -547,10 +561,11 @@ impl Scheduler {
             return;
         }
         let state = &mut self.backends[usize::from(backend)];
-        if !state.usable() || state.inflight + state.holds >= self.params.inflight_per_backend {
+        if !state.usable() || state.inflight + state.holds >= state.cap {
             return;
         }
         state.holds += 1;
+        state.cap_filled |= state.inflight + state.holds >= state.cap;
         self.held += 1;
         let timer = self.wheel.insert(now.saturating_add(grace), Timer::GraceEnd(session));
         self.holds.insert(session, Hold { backend, timer });
@@ -650,6 +665,14 @@ impl Scheduler {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.engine_waiting(unseen, rate, now);
         }
+        if let (true, Some((own, unseen, others))) = (self.params.inflight_learned, split) {
+            // Warmpath's requests in the engine's queue, and someone else's, steer the cap
+            // (estimate.rs, "The inflight cap").
+            let full = state.inflight + state.holds >= state.cap;
+            let capped = (std::mem::take(&mut state.cap_filled) || full) && queued;
+            let floor = self.params.inflight_per_backend;
+            state.cap = estimate::next_cap(state.cap, floor, own + unseen, others, capped);
+        }
         if let (true, Some((own, _, others))) = (auto, split) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
             // to be its own (a request it sent and the engine has not started has no first
@@ -679,6 +702,10 @@ impl Scheduler {
             (true, false) => self.usable -= 1,
             (false, true) => self.usable += 1,
             _ => {}
+        }
+        let slots: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(b.cap))).sum();
+        if u64::from(self.params.max_queued) + slots > u64::from(self.queue.capacity()) {
+            self.grow_arena();
         }
     }
 
@@ -734,7 +761,11 @@ impl Scheduler {
 
     /// S6a: the model's admitted requests and held slots are below its capacity.
     fn model_has_room(&self) -> bool {
-        let capacity = u64::from(self.params.inflight_per_backend) * u64::from(self.usable);
+        let capacity = if self.params.inflight_learned {
+            self.backends.iter().filter(|b| b.usable()).map(|b| u64::from(b.cap)).sum()
+        } else {
+            u64::from(self.params.inflight_per_backend) * u64::from(self.usable)
+        };
         u64::from(self.inflight + self.held) < capacity
     }
 

@@ -17,6 +17,7 @@ fn params(backends: u16, inflight_per_backend: u32) -> Params {
         queue_timeout: None,
         max_queued: 100,
         inflight_per_backend,
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Tokens(GATE),
         max_sessions: 100,
         max_overtakes: 16,

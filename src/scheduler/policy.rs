@@ -1,11 +1,11 @@
 //! Per-backend state, the admission gates of S6 and the backend choice of S7.
 //!
-//! A backend is *eligible* when it is healthy and not ejected, has a free slot (inflight plus
-//! grace holds below `inflight_per_backend`), has no fresh waiting-queue gauge above zero that
-//! counts against it, and its prefill backlog is below its budget (fixed, or learned by
-//! [`super::estimate`]). Eligibility reads `now` only to decide whether a scraped gauge is still
-//! fresh; a wheel timer fires when a positive gauge goes stale so that admission is
-//! re-evaluated then (SPEC section 9, defect 1).
+//! A backend is *eligible* when it is healthy and not ejected, has a free slot (inflight plus grace
+//! holds below its cap, `inflight_per_backend` or learned by [`super::estimate`]), has no fresh
+//! waiting-queue gauge above zero that counts against it, and its prefill backlog is below its
+//! budget (fixed, or learned by [`super::estimate`]). Eligibility reads `now` only to decide
+//! whether a scraped gauge is still fresh; a wheel timer fires when a positive gauge goes stale so
+//! that admission is re-evaluated then (SPEC section 9, defect 1).
 //!
 //! The waiting gauge (S6.2) under a learned budget: an engine's waiting queue holds the
 //! prefills warmpath itself sent and the engine has not started yet, which a budget of more than
@@ -131,6 +131,10 @@ pub(crate) struct Backend {
     pub budget: u64,
     /// The backlog reached the budget since the last snapshot.
     pub budget_filled: bool,
+    /// S6.1's cap on `inflight + holds`: `inflight_per_backend`, or the learned one.
+    pub cap: u32,
+    /// An admission or a hold brought `inflight + holds` to the cap since the last snapshot.
+    pub cap_filled: bool,
 
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
@@ -160,6 +164,8 @@ impl Backend {
         prefill_since: 0,
         budget: 0,
         budget_filled: false,
+        cap: 0,
+        cap_filled: false,
         waiting: None,
         scraped_at: 0,
         preemptions: EngineCache::NO_COUNTER,
@@ -211,25 +217,22 @@ impl Backend {
     }
 }
 
-/// The limits the gates apply (the budgets are per backend, in [`Backend::budget`]).
+/// The limits the gates apply (the caps and budgets are per backend, in [`Backend::cap`] and
+/// [`Backend::budget`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gates {
-    pub inflight_per_backend: u32,
     pub stale_after: Tick,
 }
 
 impl Gates {
     pub fn of(params: &super::Params) -> Gates {
-        Gates {
-            inflight_per_backend: params.inflight_per_backend,
-            stale_after: params.metrics_stale_after,
-        }
+        Gates { stale_after: params.metrics_stale_after }
     }
 
     /// S6 (b): whether `backend` can take one more request at `now`.
     pub fn eligible(&self, backend: &Backend, now: Tick) -> bool {
         backend.usable()
-            && backend.inflight + backend.holds < self.inflight_per_backend
+            && backend.inflight + backend.holds < backend.cap
             && backend.fresh_waiting(now, self.stale_after).is_none_or(|waiting| waiting == 0)
             && (backend.budget == 0 || backend.prefill_tokens < backend.budget)
     }

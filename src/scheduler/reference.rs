@@ -181,7 +181,7 @@ pub struct Reference {
 /// budget, the exported KV capacity, the index's capacity and the restarts; the KV pressure and
 /// the router's count of what it holds against the capacity; the decode gap and the model's
 /// expected output.
-pub type Estimates = ((u64, u64, u64, u64, u64, u64), (u64, u64), (u64, u64));
+pub type Estimates = ((u64, u64, u64, u64, u64, u64), (u64, u64, u32), (u64, u64));
 
 impl Reference {
     /// A reference scheduler for `params`.
@@ -256,6 +256,13 @@ impl Reference {
                 None => self.tenants.push(Tenant::new(weight)),
             }
         }
+        // A reload that keeps learning keeps each cap in effect (above the new configured
+        // one); any other starts every cap at the configured one.
+        let keep = params.inflight_learned && self.p.inflight_learned;
+        for b in 0..self.p.backends {
+            let cap = if keep { self.cap(b) } else { 0 };
+            self.learned[usize::from(b)].cap = cap;
+        }
         let timeouts = (self.p.queue_timeout, params.queue_timeout);
         for request in &mut self.queued {
             request.deadline = match timeouts {
@@ -318,7 +325,7 @@ impl Reference {
             if self.p.routing == Routing::PrefixCost { self.index_capacity[b] as u64 } else { 0 };
         let l = &self.learned[b];
         let decode = (self.gap(backend), self.expected_output());
-        let pressure = (l.pressure, self.held_pressure(backend));
+        let pressure = (l.pressure, self.held_pressure(backend), self.cap(backend));
         ((rate.0, rate.1, self.budget(backend), l.capacity, index, l.restarts), pressure, decode)
     }
 
@@ -547,9 +554,10 @@ impl Reference {
             && !self.shutting_down
             && !held
             && self.usable(backend)
-            && slots < self.p.inflight_per_backend
+            && slots < self.cap(backend)
         {
             self.holds.push((session, backend, now.saturating_add(self.p.grace_period)));
+            self.learned[usize::from(backend)].cap_filled |= slots + 1 >= self.cap(backend);
             self.stats.grace_holds += 1;
         }
     }
@@ -605,7 +613,7 @@ impl Reference {
         state.healthy && !state.ejected && !state.removed
     }
 
-    fn holds_on(&self, backend: u16) -> u32 {
+    pub(super) fn holds_on(&self, backend: u16) -> u32 {
         self.holds.iter().filter(|hold| hold.1 == backend).count() as u32
     }
 
@@ -634,16 +642,16 @@ impl Reference {
     fn eligible(&self, backend: u16, now: Tick) -> bool {
         let budget = self.budget(backend);
         self.usable(backend)
-            && self.backend_inflight(backend) + self.holds_on(backend) < self.p.inflight_per_backend
+            && self.backend_inflight(backend) + self.holds_on(backend) < self.cap(backend)
             && self.fresh_waiting(backend, now).unwrap_or(0) == 0
             && (budget == 0 || self.prefill(backend) < budget)
     }
 
     fn admit(&mut self, now: Tick, out: &mut Vec<Output>) {
         loop {
-            let usable = (0..self.p.backends).filter(|&b| self.usable(b)).count() as u64;
             let occupied = (self.admitted.len() + self.holds.len()) as u64;
-            let room = occupied < u64::from(self.p.inflight_per_backend) * usable;
+            let caps = (0..self.p.backends).filter(|&b| self.usable(b)).map(|b| self.cap(b));
+            let room = occupied < caps.map(u64::from).sum::<u64>();
             let any = (0..self.p.backends).any(|b| self.eligible(b, now));
             if self.queued.is_empty() || !room || !any {
                 return;
@@ -839,6 +847,8 @@ impl Reference {
             first_byte_at: 0,
             place,
         });
+        let slots = self.backend_inflight(backend) + self.holds_on(backend);
+        self.learned[usize::from(backend)].cap_filled |= slots >= self.cap(backend);
         if prefill_pending {
             let (budget, prefill) = (self.budget(backend), self.prefill(backend));
             self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;

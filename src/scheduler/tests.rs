@@ -17,6 +17,7 @@ pub(super) fn params() -> Params {
         queue_timeout: None,
         max_queued: 1000,
         inflight_per_backend: 1,
+        inflight_learned: false,
         prefill_tokens_per_backend: Budget::Tokens(0),
         max_sessions: 1000,
         max_overtakes: 16,
@@ -519,6 +520,66 @@ fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_bac
 /// of KV closed to warmpath at every scrape after a preemption (in the fleet lab, RAGPulse on a
 /// 24,000-token KV cache: follow-up p50 1.16x sglang-router's, 1.07x with this;
 /// perf/RESULTS.md).
+/// `inflight_per_backend = "auto"` (estimate.rs, "The inflight cap"): a backend's cap grows
+/// while it holds requests back and the engine starts all it is sent, shrinks while warmpath's
+/// requests wait in the engine, never below the configured start; it stays where it is while
+/// it holds nothing back, and with nobody's gauge; a fixed cap never moves. (Fleet lab, one-turn
+/// prompts of a few tokens on two engines with 50 ms steps: first-turn p50 1.9x sglang-router's
+/// under the fixed 256, 1.0x learned; perf/RESULTS.md, twenty-third session.)
+#[test]
+fn a_learned_inflight_cap_grows_while_the_engine_starts_everything_and_shrinks_when_it_queues() {
+    let mut p = params();
+    p.inflight_per_backend = 8;
+    p.inflight_learned = true;
+    p.prefill_tokens_per_backend = Budget::Auto;
+    p.max_queued = 64;
+    let mut h = Harness::new(p.clone());
+    let cap = |h: &Harness| h.s.backend_estimates(0).inflight_cap;
+    // Non-streaming requests: no prefill budget bounds them, only the cap.
+    for id in 1..=20 {
+        h.arrive_with(id, None, 100, false);
+    }
+    assert_eq!((h.s.backend_inflight(0), cap(&h)), (8, 8));
+    // Nothing waits in the engine: it started all eight. A quarter more, and two admitted.
+    h.snapshot(0, true, Some(0));
+    assert_eq!((cap(&h), h.s.backend_inflight(0)), (10, 10));
+    h.at(1);
+    h.snapshot(0, true, Some(0));
+    assert_eq!((cap(&h), h.s.backend_inflight(0)), (13, 13));
+    // One of warmpath's waiting is the target: still room to grow.
+    h.at(3);
+    h.snapshot(0, true, Some(1));
+    assert_eq!(cap(&h), 17);
+    // Three of warmpath's wait: the engine runs all it can; an eighth less, down to the start.
+    for (at, want) in [(4, 15), (5, 14), (6, 13), (7, 12), (8, 11), (9, 10), (10, 9), (11, 8)] {
+        h.at(at);
+        h.snapshot(0, true, Some(3));
+        assert_eq!(cap(&h), want);
+    }
+    h.at(12);
+    h.snapshot(0, true, Some(3));
+    assert_eq!(cap(&h), 8, "never below the configured start");
+    // A report without the gauge moves nothing.
+    h.at(13);
+    h.snapshot(0, true, None);
+    assert_eq!(cap(&h), 8);
+    // Nothing queued: the cap held nothing back, and stays.
+    let mut h = Harness::new(p.clone());
+    for id in 1..=8 {
+        h.arrive_with(id, None, 100, false);
+    }
+    h.snapshot(0, true, Some(0));
+    assert_eq!(cap(&h), 8);
+    // A fixed cap never moves.
+    p.inflight_learned = false;
+    let mut h = Harness::new(p);
+    for id in 1..=20 {
+        h.arrive_with(id, None, 100, false);
+    }
+    h.snapshot(0, true, Some(0));
+    assert_eq!((cap(&h), h.s.backend_inflight(0)), (8, 8));
+}
+
 #[test]
 fn under_a_learned_budget_warmpaths_preempted_decodes_do_not_gate_a_backend() {
     let mut h = learned_budget();

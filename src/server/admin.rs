@@ -350,7 +350,7 @@ fn limits_json(q: &QueueConfig) -> serde_json::Value {
     serde_json::json!({
         "strategy": q.strategy.name(),
         "max_queued": q.max_queued,
-        "inflight_per_backend": q.inflight_per_backend,
+        "inflight_per_backend": setting_json(q.inflight_per_backend),
         "prefill_tokens_per_backend": setting_json(q.prefill_tokens_per_backend),
         "timeout_ms": q.timeout.as_millis() as u64,
         "max_overtakes": q.max_overtakes,
@@ -389,7 +389,7 @@ pub fn backends_json(
             let age_ms = scraped
                 .then(|| rate.duration(now.saturating_sub(b.scraped_at)).as_secs_f64() * 1e3);
             let live = backend.live && model.live;
-            let gates = gates_json(b, model.config.queue.inflight_per_backend, stale_after, now);
+            let gates = gates_json(b, stale_after, now);
             backends.push(serde_json::json!({
                 "model": model.name,
                 "backend": backend.authority,
@@ -410,13 +410,13 @@ pub fn backends_json(
 }
 
 /// The states of a backend's admission gates (S6 (b), as `scheduler::policy::Gates::eligible`
-/// applies them) as of its report: `slots` (inflight plus grace holds against
-/// `inflight_per_backend`: `open` | `full`), `engine_waiting` (the engine's waiting gauge:
-/// `open` when 0, `closed` when positive, `stale` when older than `metrics_stale_after`,
-/// `unknown` when never scraped) and `prefill_budget` (the backlog against the admission budget:
-/// `open` | `full` | `off`).
-fn gates_json(b: &BackendReport, slots: u32, stale_after: Tick, now: Tick) -> serde_json::Value {
-    let slots = if b.inflight + b.holds < slots { "open" } else { "full" };
+/// applies them) as of its report: `slots` (inflight plus grace holds against the backend's
+/// inflight cap, `inflight_per_backend` or learned: `open` | `full`), `engine_waiting` (the
+/// engine's waiting gauge: `open` when 0, `closed` when positive, `stale` when older than
+/// `metrics_stale_after`, `unknown` when never scraped) and `prefill_budget` (the backlog against
+/// the admission budget: `open` | `full` | `off`).
+fn gates_json(b: &BackendReport, stale_after: Tick, now: Tick) -> serde_json::Value {
+    let slots = if b.inflight + b.holds < b.estimates.inflight_cap { "open" } else { "full" };
     let waiting = match b.waiting {
         None => "unknown",
         Some(_) if now >= b.scraped_at.saturating_add(stale_after) => "stale",
@@ -453,6 +453,7 @@ fn learned_json(
         "prefill_rate_age_ms": age(e.rate_at, prefill.is_some()),
         "admission_budget_tokens": e.budget,
         "admission_budget_age_ms": age(e.budget_at, e.budget_at > 0),
+        "inflight_cap": e.inflight_cap,
         "kv_capacity_tokens": (e.kv_capacity_tokens > 0).then_some(e.kv_capacity_tokens),
         "kv_capacity_age_ms": age(e.kv_capacity_at, e.kv_capacity_tokens > 0),
         "prefix_index_capacity_blocks": e.index_capacity,

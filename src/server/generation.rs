@@ -33,6 +33,7 @@ use crate::protocol::Limits;
 use crate::ring::prompt_pool::PromptPool;
 use crate::ring::{InboxWaker, Ring};
 use crate::scheduler::cache_model::INDEX_DEFAULT_BLOCKS;
+use crate::scheduler::estimate;
 use crate::scheduler::{Budget, IndexSize, Params, PrefixParams, Routing, Scheduler};
 
 use super::host::{Host, Inbox};
@@ -317,7 +318,11 @@ pub fn scheduler_params(model: &ModelConfig, upstream: &UpstreamConfig, rate: Ti
         backends,
         queue_timeout: (!queue.timeout.is_zero()).then(|| rate.ticks(queue.timeout)),
         max_queued: queue.max_queued,
-        inflight_per_backend: queue.inflight_per_backend,
+        inflight_per_backend: match queue.inflight_per_backend {
+            Setting::Auto => estimate::INFLIGHT_UNLEARNED,
+            Setting::Fixed(cap) => cap,
+        },
+        inflight_learned: queue.inflight_per_backend == Setting::Auto,
         prefill_tokens_per_backend: match queue.prefill_tokens_per_backend {
             Setting::Auto => Budget::Auto,
             Setting::Fixed(tokens) => Budget::Tokens(tokens),

@@ -26,6 +26,11 @@ pub(super) struct Learned {
     pub(super) budget: u64,
     /// The backlog reached the budget since the last snapshot.
     pub(super) filled: bool,
+    /// The learned inflight cap, 0 before any (in effect under `inflight_learned`, never below
+    /// the configured one: [`Reference::cap`]).
+    pub(super) cap: u32,
+    /// Inflight plus holds reached the cap since the last snapshot.
+    pub(super) cap_filled: bool,
     pub(super) capacity: u64,
     pub(super) counters: Option<(u64, u64)>,
     /// The calibration period: tokens placed, predicted cached, engine cached; per-response
@@ -70,6 +75,8 @@ impl Learned {
             alone: (0, 0),
             budget: estimate::BUDGET_UNLEARNED,
             filled: false,
+            cap: 0,
+            cap_filled: false,
             capacity: 0,
             counters: None,
             period: (0, 0, 0, false),
@@ -142,7 +149,9 @@ impl Reference {
         u64::from(estimate.max(u32::from(bytes > 0)))
     }
 
-    pub(super) fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+    /// What a snapshot says of `backend`'s engine caches: its KV capacity and usage, its
+    /// prefix-cache counters, a restart.
+    fn engine_caches(&mut self, now: Tick, backend: u16, snapshot: &Snapshot) {
         let cache = snapshot.cache;
         let b = usize::from(backend);
         let l = &mut self.learned[b];
@@ -177,6 +186,11 @@ impl Reference {
         if changed || self.calibrate(backend) {
             self.resize_index(backend);
         }
+    }
+
+    pub(super) fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
+        self.engine_caches(now, backend, &snapshot);
+        let (b, cache) = (usize::from(backend), snapshot.cache);
         let stale_after = self.p.metrics_stale_after;
         let (own, unstreamed, decoding) = self.admitted_kinds(backend);
         let queued = !self.queued.is_empty();
@@ -190,16 +204,22 @@ impl Reference {
         state.waiting = snapshot.waiting;
         state.scraped_at = snapshot.scraped_at;
         self.unstreamed_waiting(now, backend, snapshot.waiting, own, unstreamed);
-        let state = &mut self.backends[b];
-        if let (Budget::Auto, Some(waiting)) = (self.p.prefill_tokens_per_backend, snapshot.waiting)
-        {
-            // Warmpath's pending requests, then its non-streaming ones, then as many of its
-            // decoding ones as the engine preempted since the last report, may be the waiting
-            // ones.
+        // Warmpath's pending requests, then its non-streaming ones, then as many of its
+        // decoding ones as the engine preempted since the last report, may be the waiting ones.
+        let split = snapshot.waiting.map(|waiting| {
             let mine = waiting.min(own);
-            let rest = waiting - mine - (waiting - mine).min(unstreamed);
+            let unseen = (waiting - mine).min(unstreamed);
+            let rest = waiting - mine - unseen;
             let requeued = u64::from(rest.min(decoding)).min(preempted) as u32;
-            state.waiting = Some(rest - requeued);
+            (mine, unseen, rest - requeued)
+        });
+        if let (true, Some(split)) = (self.p.inflight_learned, split) {
+            self.learn_cap(backend, split, queued);
+        }
+        let state = &mut self.backends[b];
+        if let (Budget::Auto, Some((mine, _, others))) = (self.p.prefill_tokens_per_backend, split)
+        {
+            state.waiting = Some(others);
             let l = &mut self.learned[b];
             let held_back = std::mem::take(&mut l.filled) && queued;
             if held_back {
@@ -215,6 +235,24 @@ impl Reference {
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
         let positive = state.waiting.is_some_and(|w| w > 0);
         state.stale_deadline = (positive && stale_at > now).then_some(stale_at);
+    }
+
+    /// A snapshot's move of `backend`'s learned inflight cap, by the engine's waiting requests
+    /// as the budget reads them (`split`: warmpath's pending ones, its non-streaming ones,
+    /// someone else's), when the cap held requests back (`queued` is whether any are).
+    fn learn_cap(&mut self, backend: u16, (mine, unseen, others): (u32, u32, u32), queued: bool) {
+        let cap = self.cap(backend);
+        let full = self.backend_inflight(backend) + self.holds_on(backend) >= cap;
+        let l = &mut self.learned[usize::from(backend)];
+        if (std::mem::take(&mut l.cap_filled) || full) && queued {
+            let floor = self.p.inflight_per_backend;
+            let ceiling = estimate::INFLIGHT_MAX.max(floor);
+            if mine + unseen <= estimate::WAITING_TARGET && others == 0 {
+                l.cap = (cap + cap.div_ceil(4)).min(ceiling);
+            } else if mine + unseen > estimate::WAITING_TARGET {
+                l.cap = (cap - cap / 8).max(floor);
+            }
+        }
     }
 
     /// Warmpath's requests in flight on `backend`: streaming ones without a first byte,
@@ -243,6 +281,17 @@ impl Reference {
             Some(_) => counter,
             None if new_engine => counter,
             None => 0,
+        }
+    }
+
+    /// The inflight cap in effect on `backend`: the configured one, or under `inflight_learned`
+    /// the learned one, never below it.
+    pub(super) fn cap(&self, backend: u16) -> u32 {
+        let floor = self.p.inflight_per_backend;
+        if self.p.inflight_learned {
+            self.learned[usize::from(backend)].cap.max(floor)
+        } else {
+            floor
         }
     }
 

@@ -137,6 +137,14 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
         let step_ms = params.step_base_ns as f64 / 1e6 / TIME_SCALE;
         assert!(gap >= 0.9 * step_ms, "{name}: {gap} ms per token, a step is {step_ms} ms");
         assert!(learned(i)["expected_output_tokens"].is_null(), "no whole response was asked");
+        // The inflight cap is learned from 256 (`inflight_per_backend = "auto"`, the default)
+        // and never goes below it; the gate reads it.
+        let cap = learned(i)["inflight_cap"].as_u64().expect("an inflight cap");
+        assert!((256..=4096).contains(&cap), "{name}: inflight cap {cap}");
+        let inflight = backends[i]["inflight"].as_u64().expect("inflight");
+        let holds = backends[i]["held_slots"].as_u64().expect("held slots");
+        let slots = if inflight + holds < cap { "open" } else { "full" };
+        assert_eq!(backends[i]["gates"]["slots"], slots, "{name}");
         println!("{name}: learned {rate:.0} tokens/s, true {truth:.0}; {}", learned(i));
     }
     let gap = |i: usize| learned(i)["decode_ms_per_token"].as_f64().expect("a decode gap");

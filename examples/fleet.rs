@@ -116,7 +116,8 @@ fn synthetic(name: &str) -> warmpath::bench::workload::Workload {
 
 /// `custom`: `base` with the fields MULTITURN names, e.g.
 /// `MULTITURN=turns=2,system_words=50,context_words=0,new_words=30,answer_tokens=5,think_ms=500`
-/// (a shape no named workload has, for a sweep).
+/// (a shape no named workload has, for a sweep); `duration_s` (400 by default) sets how many
+/// sessions start, at 5 a second before compression.
 fn custom(base: warmpath::bench::synthetic::MultiTurn) -> warmpath::bench::synthetic::MultiTurn {
     let mut spec = base;
     let fields = std::env::var("MULTITURN").expect("MULTITURN=KEY=VALUE,... for custom");
@@ -130,6 +131,8 @@ fn custom(base: warmpath::bench::synthetic::MultiTurn) -> warmpath::bench::synth
             "new_words" => spec.new_words = v,
             "answer_tokens" => spec.answer_tokens = v,
             "think_ms" => spec.think_mean = Duration::from_millis(u64::from(v)),
+            // More sessions at the same rate: a longer run once compressed to the load.
+            "duration_s" => spec.duration = Duration::from_secs(u64::from(v)),
             other => panic!("unknown MULTITURN key {other}"),
         }
     }

@@ -94,6 +94,16 @@
 //! batches more runs more at once and opens it. The rule that a backend with nothing pending
 //! always takes one request (S6.3) stays: it lets a prompt larger than the budget through.
 //!
+//! A request sent while the engine is in a step waits for the next one, room or not, and a
+//! scrape finds all of those waiting: out of warmpath's waiting requests the controller counts
+//! as many as warmpath sent to the backend per engine step, at the rate it sent them since the
+//! last snapshot, the step being the backend's decode gap (`decode`; none while it is unknown).
+//! At a few requests a step that is none, and the controller is as above. At a thousand short
+//! prompts a second into engines of 50 ms steps, dozens waited at every scrape although the
+//! engines started them all at their next step: the budget fell to its floor, which held a
+//! fifth of what the engines could run, and warmpath's queue grew without bound (fleet lab,
+//! perf/RESULTS.md, twenty-third session).
+//!
 //! This was chosen by measurement (perf/RESULTS.md, issue \[8\], "What the lab found") over a
 //! BBR-like budget (`gain × measured rate × feedback latency`, Cardwell et al., ACM Queue
 //! 14(5), 2016) that an earlier version of this module used: the feedback latency, measured
@@ -104,24 +114,24 @@
 //!
 //! S6.1 caps a backend's inflight requests as a safety bound, to be sized like the engine's own
 //! limit on running sequences (vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`). No
-//! metric of either engine exports that limit, and it differs by GPU and version: vLLM's V1 default
-//! is 1,024 on a GPU of 70 GiB or more other than an A100 and 256 on the rest
-//! (`vllm/engine/arg_utils.py`, `get_batch_defaults`). A cap of 256 in front of an engine that runs
-//! 1,024 holds requests in warmpath that the engine would have started: short requests at a high
-//! rate, or long decodes, then wait for a slot while the engine has room (in the fleet lab,
-//! one-turn prompts of a few tokens on two engines with 50 ms steps: first-turn p50 1.9x
-//! `cache_aware`'s, which has no cap; `perf/RESULTS.md`, twenty-third session). With
-//! `inflight_per_backend = "auto"`, each backend's cap starts at [`INFLIGHT_UNLEARNED`] and moves
-//! at each snapshot in which it held requests back (an admission or a grace hold brought the
-//! backend to it, and requests are queued), by the engine's waiting gauge as the budget reads it: a
-//! quarter larger when at most [`WAITING_TARGET`] of warmpath's requests wait in the engine and
-//! nobody else's do (every request sent was started: the engine has room), an eighth smaller when
-//! more of warmpath's wait (the engine runs all it can, and what waits there is out of warmpath's
-//! order), never below the configured start and never above [`INFLIGHT_MAX`]. (A backend at its cap
-//! with requests queued holds them back whether or not an admission reached the cap since the last
-//! snapshot: a cap that went down under the backend's inflight admits nothing.) A backend whose
-//! engine exports no waiting gauge keeps the start. The budget still bounds the streaming prefills
-//! sent; the cap bounds the rest, the decoding requests and the non-streaming ones.
+//! metric of either engine exports that limit, and it differs by GPU and version: vLLM's V1
+//! default is 1,024 on a GPU of 70 GiB or more other than an A100 and 256 on the rest
+//! (`vllm/engine/arg_utils.py`, `get_batch_defaults`). A cap of 256 in front of an engine that
+//! runs 1,024 holds requests in warmpath that the engine would have started: short requests at
+//! a high rate, or long decodes, then wait for a slot while the engine has room (in the fleet
+//! lab, one-turn prompts of a few tokens at 0.95 of two engines with 50 ms steps and 1,024
+//! sequences each: the queue grew without bound, TTFT p50 40 s against `cache_aware`'s 0.7 s,
+//! which has no cap; `perf/RESULTS.md`, twenty-third session). With `inflight_per_backend =
+//! "auto"`, each backend's cap starts at [`INFLIGHT_UNLEARNED`] and moves at each snapshot in
+//! which it held requests back (the backend reached it since the last snapshot, or is at it,
+//! and requests are queued), by the engine's waiting gauge as the budget reads it: a quarter
+//! larger when at most [`WAITING_TARGET`] of warmpath's non-streaming requests and nobody
+//! else's wait in the engine, an eighth smaller when more of warmpath's non-streaming ones
+//! wait (the engine runs all it can, and they wait there out of warmpath's order), never below
+//! the configured start and never above [`INFLIGHT_MAX`]. Warmpath's streaming requests waiting
+//! there move the budget, not the cap: the budget bounds how many of those are sent, and no
+//! budget bounds the non-streaming ones (their prefill shows no first byte). A backend whose
+//! engine exports no waiting gauge keeps the start.
 //!
 //! What each backend's engine says of its caches (KV capacity, hit ratios, usage) and the
 //! prefix index's calibration are learned in `cache_model`, and held here, in [`Learned`].
@@ -162,15 +172,15 @@ pub const INFLIGHT_MAX: u32 = 4096;
 pub const TOKEN_RATE_HORIZON: u64 = 1 << 24;
 
 /// A backend's learned inflight cap after a snapshot (module doc, "The inflight cap"): `cap`
-/// before it, `floor` the configured start, `mine` the requests of warmpath's and `others`
-/// those of someone else the engine reports waiting, `capped` whether the cap held requests
-/// back since the previous snapshot.
-pub fn next_cap(cap: u32, floor: u32, mine: u32, others: u32, capped: bool) -> u32 {
+/// before it, `floor` the configured start, `unseen` warmpath's non-streaming requests and
+/// `others` someone else's that the engine reports waiting, `capped` whether the cap held
+/// requests back since the previous snapshot.
+pub fn next_cap(cap: u32, floor: u32, unseen: u32, others: u32, capped: bool) -> u32 {
     if !capped {
         cap
-    } else if mine <= WAITING_TARGET && others == 0 {
+    } else if unseen <= WAITING_TARGET && others == 0 {
         (cap + cap.div_ceil(4)).min(INFLIGHT_MAX.max(floor))
-    } else if mine > WAITING_TARGET {
+    } else if unseen > WAITING_TARGET {
         (cap - cap / 8).max(floor)
     } else {
         cap

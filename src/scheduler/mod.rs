@@ -665,13 +665,14 @@ impl Scheduler {
             let rate = self.learned.drain_rate(backend);
             state.unstreamed_backlog.engine_waiting(unseen, rate, now);
         }
-        if let (true, Some((own, unseen, others))) = (self.params.inflight_learned, split) {
-            // Warmpath's requests in the engine's queue, and someone else's, steer the cap
-            // (estimate.rs, "The inflight cap").
+        if let (true, Some((_, unseen, others))) = (self.params.inflight_learned, split) {
+            // Warmpath's non-streaming requests in the engine's queue, and someone else's,
+            // steer the cap; its streaming ones steer the budget (estimate.rs, "The inflight
+            // cap").
             let full = state.inflight + state.holds >= state.cap;
             let capped = (std::mem::take(&mut state.cap_filled) || full) && queued;
             let floor = self.params.inflight_per_backend;
-            state.cap = estimate::next_cap(state.cap, floor, own + unseen, others, capped);
+            state.cap = estimate::next_cap(state.cap, floor, unseen, others, capped);
         }
         if let (true, Some((own, _, others))) = (auto, split) {
             // Of the engine's waiting requests, as many as warmpath has pending there are taken
@@ -681,12 +682,9 @@ impl Scheduler {
             // the last report may be its own too. Only what is left, someone else's, gates the
             // backend (policy.rs).
             state.waiting = Some(others);
-            // The budget held requests back since the last snapshot, and requests are queued.
-            let held_back = std::mem::take(&mut state.budget_filled) && queued;
-            let prefill = &mut self.learned.prefill[usize::from(backend)];
-            prefill.engine_queue(now, own, state.prefill_pending, held_back);
-            state.budget = prefill.budget;
+            self.learn_budget(now, backend, own, queued);
         }
+        let state = &mut self.backends[usize::from(backend)];
         let is_usable = state.usable();
         let old_timer = state.stale_timer.take();
         let stale_at = snapshot.scraped_at.saturating_add(stale_after);
@@ -707,6 +705,23 @@ impl Scheduler {
         if u64::from(self.params.max_queued) + slots > u64::from(self.queue.capacity()) {
             self.grow_arena();
         }
+    }
+
+    /// A snapshot's move of `backend`'s learned budget, `own` of the engine's waiting requests
+    /// being warmpath's pending ones (`queued`: warmpath's queue holds requests).
+    fn learn_budget(&mut self, now: Tick, backend: u16, own: u32, queued: bool) {
+        let state = &mut self.backends[usize::from(backend)];
+        // The budget held requests back since the last snapshot, and requests are queued.
+        let held_back = std::mem::take(&mut state.budget_filled) && queued;
+        // Those sent within the engine's last step wait for its next one, started or not.
+        let arrivals = u64::from(std::mem::take(&mut state.arrivals));
+        let interval = now.saturating_sub(std::mem::replace(&mut state.snapshot_at, now));
+        let step = self.learned.decode[usize::from(backend)].gap / decode::GAP_SCALE;
+        let arriving = (arrivals * step).checked_div(interval).unwrap_or(0);
+        let own = own.saturating_sub(u32::try_from(arriving).unwrap_or(u32::MAX));
+        let prefill = &mut self.learned.prefill[usize::from(backend)];
+        prefill.engine_queue(now, own, state.prefill_pending, held_back);
+        state.budget = prefill.budget;
     }
 
     fn shutdown(&mut self, out: &mut Vec<Output>) {

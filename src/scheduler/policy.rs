@@ -135,6 +135,9 @@ pub(crate) struct Backend {
     pub cap: u32,
     /// An admission or a hold brought `inflight + holds` to the cap since the last snapshot.
     pub cap_filled: bool,
+    /// Streaming requests admitted since the last snapshot, and its tick.
+    pub arrivals: u32,
+    pub snapshot_at: Tick,
 
     pub waiting: Option<u32>,
     pub scraped_at: Tick,
@@ -166,6 +169,8 @@ impl Backend {
         budget_filled: false,
         cap: 0,
         cap_filled: false,
+        arrivals: 0,
+        snapshot_at: 0,
         waiting: None,
         scraped_at: 0,
         preemptions: EngineCache::NO_COUNTER,

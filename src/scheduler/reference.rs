@@ -112,6 +112,10 @@ struct Backend {
     unstreamed: Unstreamed,
     /// The engine's preemption counter at the last report that carried one.
     preemptions: Option<u64>,
+    /// Streaming requests admitted since the last snapshot under a learned budget, and the
+    /// tick of that snapshot.
+    arrivals: u64,
+    snapshot_at: Tick,
 }
 
 impl Backend {
@@ -126,6 +130,8 @@ impl Backend {
         scraped_at: 0,
         stale_deadline: None,
         prefill_left_at: 0,
+        arrivals: 0,
+        snapshot_at: 0,
         unstreamed: Unstreamed::NEW,
         preemptions: None,
     };
@@ -850,6 +856,7 @@ impl Reference {
         let slots = self.backend_inflight(backend) + self.holds_on(backend);
         self.learned[usize::from(backend)].cap_filled |= slots >= self.cap(backend);
         if prefill_pending {
+            self.backends[usize::from(backend)].arrivals += 1;
             let (budget, prefill) = (self.budget(backend), self.prefill(backend));
             self.learned[usize::from(backend)].filled |= budget > 0 && prefill >= budget;
         }

@@ -520,12 +520,40 @@ fn under_a_learned_budget_warmpaths_own_non_streaming_requests_do_not_gate_a_bac
 /// of KV closed to warmpath at every scrape after a preemption (in the fleet lab, RAGPulse on a
 /// 24,000-token KV cache: follow-up p50 1.16x sglang-router's, 1.07x with this;
 /// perf/RESULTS.md).
+/// The requests warmpath sent within the engine's last step wait for its next one whether or
+/// not the engine has room, so a learned budget counts as many as it sent per step (at the
+/// rate it sent them since the last snapshot, the step being the backend's decode gap) out of
+/// the waiting ones before it moves (estimate.rs, "The admission budget"). Without that, an
+/// engine of 50 ms steps sent a thousand short prompts a second always had dozens waiting at a
+/// scrape: the budget fell to its floor and the engine ran a fifth of what it could (fleet lab,
+/// perf/RESULTS.md, twenty-third session).
+#[test]
+fn a_learned_budget_does_not_close_for_the_requests_sent_within_one_engine_step() {
+    use super::decode::GAP_SCALE;
+    for (step, closes) in [(0, true), (400, false)] {
+        let mut h = learned_budget();
+        h.s.learned.decode[0].gap = step * GAP_SCALE;
+        h.snapshot(0, true, Some(0));
+        // Five of 4,000 estimated tokens fit the unlearned budget; three wait in warmpath.
+        for id in 1..=8 {
+            h.arrive_with(id, None, 4000, true);
+        }
+        assert_eq!(h.s.queued(), 3);
+        // Three wait in the engine; five were sent in 1,000 ticks, two per step of 400.
+        let before = budget(&h);
+        h.at(1000).snapshot(0, true, Some(3));
+        let after = if closes { before - before / 8 } else { before };
+        assert_eq!(budget(&h), after, "step {step}");
+    }
+}
+
 /// `inflight_per_backend = "auto"` (estimate.rs, "The inflight cap"): a backend's cap grows
 /// while it holds requests back and the engine starts all it is sent, shrinks while warmpath's
-/// requests wait in the engine, never below the configured start; it stays where it is while
-/// it holds nothing back, and with nobody's gauge; a fixed cap never moves. (Fleet lab, one-turn
-/// prompts of a few tokens on two engines with 50 ms steps: first-turn p50 1.9x sglang-router's
-/// under the fixed 256, 1.0x learned; perf/RESULTS.md, twenty-third session.)
+/// non-streaming requests wait in the engine, never below the configured start; it stays where
+/// it is while it holds nothing back, and with nobody's gauge; a fixed cap never moves. (Fleet
+/// lab, a thousand one-turn prompts a second into two engines of 50 ms steps and 1,024
+/// sequences: TTFT p50 40 s under the fixed 256, 2.3-2.6 s learned with the budget's step
+/// allowance, sglang-router's 0.7 s; perf/RESULTS.md, twenty-third session.)
 #[test]
 fn a_learned_inflight_cap_grows_while_the_engine_starts_everything_and_shrinks_when_it_queues() {
     let mut p = params();

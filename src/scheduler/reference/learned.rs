@@ -216,10 +216,17 @@ impl Reference {
         if let (true, Some(split)) = (self.p.inflight_learned, split) {
             self.learn_cap(backend, split, queued);
         }
+        let step = self.gap(backend) / decode::GAP_SCALE;
         let state = &mut self.backends[b];
         if let (Budget::Auto, Some((mine, _, others))) = (self.p.prefill_tokens_per_backend, split)
         {
             state.waiting = Some(others);
+            // As many as were sent in one engine step, at the rate they were sent since the
+            // last snapshot, wait for the engine's next step whether or not it has room.
+            let arrivals = std::mem::take(&mut state.arrivals);
+            let interval = now.saturating_sub(std::mem::replace(&mut state.snapshot_at, now));
+            let arriving = (arrivals * step).checked_div(interval).unwrap_or(0);
+            let mine = u64::from(mine).saturating_sub(arriving) as u32;
             let l = &mut self.learned[b];
             let held_back = std::mem::take(&mut l.filled) && queued;
             if held_back {
@@ -238,18 +245,19 @@ impl Reference {
     }
 
     /// A snapshot's move of `backend`'s learned inflight cap, by the engine's waiting requests
-    /// as the budget reads them (`split`: warmpath's pending ones, its non-streaming ones,
-    /// someone else's), when the cap held requests back (`queued` is whether any are).
-    fn learn_cap(&mut self, backend: u16, (mine, unseen, others): (u32, u32, u32), queued: bool) {
+    /// as the budget reads them (`split`: warmpath's pending ones, which steer the budget, its
+    /// non-streaming ones and someone else's), when the cap held requests back (`queued` is
+    /// whether any are).
+    fn learn_cap(&mut self, backend: u16, (_, unseen, others): (u32, u32, u32), queued: bool) {
         let cap = self.cap(backend);
         let full = self.backend_inflight(backend) + self.holds_on(backend) >= cap;
         let l = &mut self.learned[usize::from(backend)];
         if (std::mem::take(&mut l.cap_filled) || full) && queued {
             let floor = self.p.inflight_per_backend;
             let ceiling = estimate::INFLIGHT_MAX.max(floor);
-            if mine + unseen <= estimate::WAITING_TARGET && others == 0 {
+            if unseen <= estimate::WAITING_TARGET && others == 0 {
                 l.cap = (cap + cap.div_ceil(4)).min(ceiling);
-            } else if mine + unseen > estimate::WAITING_TARGET {
+            } else if unseen > estimate::WAITING_TARGET {
                 l.cap = (cap - cap / 8).max(floor);
             }
         }

@@ -107,7 +107,7 @@ impl Scheduler {
             }
             state.prefill_tokens += u64::from(tokens);
             state.prefill_pending += 1;
-            state.arrivals += 1;
+            state.arrivals = state.arrivals.saturating_add(1);
             state.budget_filled |= state.budget > 0 && state.prefill_tokens >= state.budget;
         }
         self.inflight += 1;

@@ -78,6 +78,8 @@ mod unstreamed;
 mod fair_tests;
 #[cfg(any(test, fuzzing))]
 pub mod harness;
+#[cfg(test)]
+mod learned_tests;
 #[cfg(any(test, fuzzing))]
 pub mod reference;
 #[cfg(test)]
@@ -304,8 +306,8 @@ impl Scheduler {
     /// higher cap stay until they finish, and no new admission goes past the new one). Allocates
     /// only when the arena grows: at a reload, or when a learned cap rises past what it held.
     fn grow_arena(&mut self) {
-        let slots: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(b.cap))).sum();
-        let arena = u64::from(self.params.max_queued) + slots;
+        let arena = self.arena_needed();
+        let slots = arena - u64::from(self.params.max_queued);
         assert!(arena < u64::from(NIL), "max_queued + admission slots too large");
         self.queue.grow(arena as u32);
         self.learned.grow(self.backends.len(), arena as usize);
@@ -701,10 +703,16 @@ impl Scheduler {
             (false, true) => self.usable += 1,
             _ => {}
         }
-        let slots: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(b.cap))).sum();
-        if u64::from(self.params.max_queued) + slots > u64::from(self.queue.capacity()) {
+        if self.arena_needed() > u64::from(self.queue.capacity()) {
             self.grow_arena();
         }
+    }
+
+    /// The arena `max_queued` and every backend's slots need: its cap, or its inflight where
+    /// that is more.
+    fn arena_needed(&self) -> u64 {
+        let slots: u64 = self.backends.iter().map(|b| u64::from(b.inflight.max(b.cap))).sum();
+        u64::from(self.params.max_queued) + slots
     }
 
     /// A snapshot's move of `backend`'s learned budget, `own` of the engine's waiting requests

@@ -107,6 +107,8 @@ fn snapshots_carry_what_the_engine_says_about_its_caches() {
         prefix_hits: 1250,
         preemptions: 7,
         kv_usage_micro: 375_000,
+        itl_ticks: EngineCache::NO_COUNTER,
+        itl_count: EngineCache::NO_COUNTER,
     };
     assert_eq!(snap.cache, cache);
     // A strange info gauge loses the capacity, not the waiting gauge or the counters.
@@ -143,6 +145,9 @@ fn the_router_learns_the_kv_capacity_of_a_simulated_engine() {
         prefix_hits: 0,
         preemptions: 0,
         kv_usage_micro: 0,
+        // Nothing decoded yet: the histogram is exported, empty.
+        itl_ticks: 0,
+        itl_count: 0,
     };
     assert_eq!(snap.cache, cache);
 }

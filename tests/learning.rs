@@ -13,6 +13,9 @@
 //!   once: 12,000-word prompts decoding 100 tokens fill the L4's KV cache with about nine of
 //!   them, so requests wait inside it and its budget closes, while the H100's holds about
 //!   thirty-five.
+//!
+//! And with clients that never stream (no stream to time), each backend's decode speed from
+//! its engine's inter-token histogram.
 
 mod support;
 
@@ -177,6 +180,75 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
             "{family} series in\n{metrics}"
         );
     }
+    drop(router);
+    for sim in sims {
+        sim.stop();
+    }
+}
+
+/// A fleet whose clients never stream gives the router no first byte before a response ends,
+/// so no stream to time: each backend's decode speed comes from its engine's inter-token
+/// histogram (`vllm:inter_token_latency_seconds`), which the sim reports in real seconds. The
+/// L4 profile's steps start at 27 ms of engine time against the H100's 6 (at five engine
+/// seconds a real one: 5.4 ms and 1.2 ms).
+#[test]
+fn a_fleet_whose_clients_never_stream_learns_decode_speeds_from_the_engines() {
+    let profiles = ["h100-8b", "l4-3b"];
+    let sims: Vec<_> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let params = profile(name).expect("a profile");
+            let options =
+                SimOptions { time_scale: TIME_SCALE, seed: i as u64, params, ..SimOptions::new() };
+            start(options).expect("a sim starts")
+        })
+        .collect();
+    let backends: Vec<String> = sims.iter().map(|s| s.addr().to_string()).collect();
+    let router = Setup::new()
+        .model("sim-8b", &backends)
+        .model_key("engine", "vllm")
+        .upstream("metrics_interval", "100ms")
+        .start();
+    // Short prompts and 60-token answers, enough at once that both engines decode.
+    let duration = Duration::from_secs(3);
+    let workload = MultiTurn {
+        rate: 40.0,
+        duration,
+        turns: 1,
+        system_words: 0,
+        context_words: 50,
+        new_words: 10,
+        answer_tokens: 60,
+        think_mean: Duration::ZERO,
+        seed: 5,
+    }
+    .workload();
+    let options = warmpath::bench::RunOptions {
+        model: "sim-8b".into(),
+        max_inflight: 64,
+        stop_after: Some(duration),
+        unstreamed_percent: 100,
+        ..Default::default()
+    };
+    let result =
+        run_workload(&format!("http://{}", router.addr), &workload, &options).expect("the run");
+    let served = result.samples.iter().filter(|s| s.status == 200).count();
+    assert!(served > 20, "requests served: {served}, errors {:?}", result.errors);
+    let debug = client::get(router.admin, "/debug/backends").json();
+    let gap = |i: usize| {
+        let learned = &debug["backends"][i]["learned"];
+        learned["decode_ms_per_token"].as_f64().unwrap_or_else(|| panic!("a gap: {debug:#}"))
+    };
+    for (i, name) in profiles.iter().enumerate() {
+        let step_ms = profile(name).unwrap().step_base_ns as f64 / 1e6 / TIME_SCALE;
+        // At this light load a step is little more than its fixed part, and the gap is the
+        // least of the recent samples: within twice a step, in real time (in the engine's
+        // simulated seconds it would be five times that).
+        let within = (0.9 * step_ms..2.0 * step_ms).contains(&gap(i));
+        assert!(within, "{name}: {} ms per token, a step {step_ms} ms", gap(i));
+    }
+    assert!(gap(1) > 1.5 * gap(0), "the L4 decodes slower: {} and {} ms", gap(0), gap(1));
     drop(router);
     for sim in sims {
         sim.stop();

@@ -224,13 +224,18 @@ fn connected(stream: &TcpStream) -> io::Result<bool> {
     }
 }
 
-/// A finished check as the scheduler takes it.
-fn snapshot(healthy: bool, gauges: Option<EngineGauges>, now: Tick, new_engine: bool) -> Snapshot {
+/// A finished check as the scheduler takes it, durations in ticks of `rate`.
+fn snapshot(
+    healthy: bool,
+    gauges: Option<EngineGauges>,
+    (now, rate): (Tick, TickRate),
+    new_engine: bool,
+) -> Snapshot {
     Snapshot {
         healthy,
         waiting: gauges.and_then(|g| g.waiting_count()),
         scraped_at: now,
-        cache: gauges.map_or(EngineCache::UNKNOWN, |g| g.cache()),
+        cache: gauges.map_or(EngineCache::UNKNOWN, |g| g.cache(rate)),
         new_engine,
     }
 }
@@ -582,7 +587,10 @@ impl Slots {
             (Step::Metrics, _) => None,
         };
         let new_engine = std::mem::take(&mut slot.new_engine);
-        done(&self.plan.targets[index], snapshot(slot.healthy, gauges, now, new_engine));
+        done(
+            &self.plan.targets[index],
+            snapshot(slot.healthy, gauges, (now, self.rate), new_engine),
+        );
         self.end_check(index, now);
     }
 

@@ -661,7 +661,14 @@ impl<'a> Fleet<'a> {
             let estimates: Vec<String> = (0..self.engines.len() as u16)
                 .map(|b| {
                     let e = s.backend_estimates(b);
-                    format!("{}:{}:{}", e.budget, s.backend_prefill_tokens(b), e.decode_weight)
+                    let gap = e.decode_gap / 1024;
+                    format!(
+                        "{}:{}:{}:{}us",
+                        e.budget,
+                        s.backend_prefill_tokens(b),
+                        e.decode_weight,
+                        gap / 1000
+                    )
                 })
                 .collect();
             // Each engine's KV usage, running and waiting requests.
@@ -691,6 +698,9 @@ impl<'a> Fleet<'a> {
                         prefix_hits: engine.stats().prefix_hits,
                         preemptions: engine.stats().preemptions,
                         kv_usage_micro: (engine.kv_usage().min(1.0) * 1e6).round() as u32,
+                        // Ticks are simulated nanoseconds.
+                        itl_ticks: (engine.stats().itl.sum() * 1e9).round() as u64,
+                        itl_count: engine.stats().itl.count(),
                     };
                 }
                 self.schedule(Input::Snapshot { backend: e as u16, snapshot });

@@ -22,11 +22,27 @@
 //! halved past [`OUTPUT_HORIZON`] responses; their ratio is the output a non-streaming request
 //! is expected to have. S16's cost for a non-streaming request adds, on each backend, the
 //! expected output times the backend's gap beyond [`GAP_TOLERANCE_PERCENT`] above the least
-//! gap of the usable backends (`placement`). A fleet whose clients never stream learns no gap
-//! (a whole response's time holds its queueing and prefill too), and its placement weighs none,
-//! as before.
+//! gap of the usable backends (`placement`).
+//!
+//! **The engine's own counters.** vLLM and SGLang export a histogram of inter-token latencies,
+//! observed for every output token after a request's first at the step that made it (vLLM
+//! V1: `vllm:inter_token_latency_seconds`, `vllm/v1/metrics/loggers.py`, whose older name
+//! `vllm:time_per_output_token_seconds` held the same; SGLang:
+//! `sglang:inter_token_latency_seconds`, `python/sglang/srt/metrics/collector.py`). The scrape
+//! reads its sum and count ([`EngineCache::itl_ticks`], the sum in ticks). Each time the count
+//! has grown by [`ENGINE_SAMPLE_TOKENS`] since the last sample, the growth of the sum over the
+//! growth of the count closes a window into the same ring as the streams' windows: the
+//! engine's speed over every sequence it decoded, for anyone, with no trip to the client in
+//! it. Streams teach a backend's gap only once eight have ended, which on a slow engine with
+//! long answers took seconds in which every first turn could go there; a scrape or two of
+//! decoding teaches the counters'. A fleet whose clients never stream learns a gap from them
+//! too; one whose engines export no histogram (an `openai` backend) and whose clients never
+//! stream learns none (a whole response's time holds its queueing and prefill too), and its
+//! placement weighs no decode.
 
 use crate::clock::Tick;
+
+use super::policy::EngineCache;
 
 /// Streaming responses per decode window ([`Decode`]).
 pub const DECODE_WINDOW_RESPONSES: u32 = 8;
@@ -44,6 +60,10 @@ pub const GAP_SCALE: u64 = 1 << 10;
 pub const GAP_TOLERANCE_PERCENT: u64 = 100;
 /// Once the output-length sums count this many responses, both halve ([`OutputLength`]).
 pub const OUTPUT_HORIZON: u64 = 1 << 10;
+/// The engine's own inter-token count must have grown by this many tokens since the last
+/// sample before its sums make another ([`Decode::engine_counters`]); below it they wait for
+/// a later scrape, so one step of one sequence is never a sample alone.
+pub const ENGINE_SAMPLE_TOKENS: u64 = 16;
 
 /// One backend's decode speed, from its streaming responses: windows of
 /// [`DECODE_WINDOW_RESPONSES`] responses, each their output tokens after the first over the
@@ -62,6 +82,9 @@ pub struct Decode {
     pub gap: u64,
     /// When a window last closed.
     pub gap_at: Tick,
+    /// The engine's inter-token counters (ticks, tokens) at its last sample, or at the first
+    /// scrape that exported them; `None` when the last scrape did not.
+    engine: Option<(u64, u64)>,
 }
 
 impl Decode {
@@ -73,6 +96,7 @@ impl Decode {
         next: 0,
         gap: 0,
         gap_at: 0,
+        engine: None,
     };
 
     /// A streaming response that ended at `now` decoded `tokens` tokens after its first in
@@ -87,10 +111,36 @@ impl Decode {
         if self.responses < DECODE_WINDOW_RESPONSES {
             return;
         }
-        let gap = u128::from(self.ticks) * u128::from(GAP_SCALE) / u128::from(self.tokens);
+        let (tokens, ticks) = (self.tokens, self.ticks);
+        (self.tokens, self.ticks, self.responses) = (0, 0, 0);
+        self.close(tokens, ticks, now);
+    }
+
+    /// A scrape's inter-token counters of the engine (`ticks` summed over `tokens`,
+    /// cumulative; [`EngineCache::NO_COUNTER`] when not exported); `new_engine` when the
+    /// backend's address moved to another engine since the last report. Once the count has
+    /// grown by [`ENGINE_SAMPLE_TOKENS`] since the last sample, the growth of the sum over the
+    /// growth of the count closes a window, as [`DECODE_WINDOW_RESPONSES`] responses do. A
+    /// counter that went down (the engine restarted) or one not exported starts over.
+    pub fn engine_counters(&mut self, ticks: u64, tokens: u64, new_engine: bool, now: Tick) {
+        let exported = ticks != EngineCache::NO_COUNTER && tokens != EngineCache::NO_COUNTER;
+        let last = self.engine.filter(|&(t0, n0)| !new_engine && ticks >= t0 && tokens >= n0);
+        match last {
+            _ if !exported => self.engine = None,
+            None => self.engine = Some((ticks, tokens)),
+            Some((t0, n0)) if tokens - n0 >= ENGINE_SAMPLE_TOKENS => {
+                self.engine = Some((ticks, tokens));
+                self.close(tokens - n0, ticks - t0, now);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Closes a window of `tokens` output tokens in `ticks`.
+    fn close(&mut self, tokens: u64, ticks: u64, now: Tick) {
+        let gap = u128::from(ticks) * u128::from(GAP_SCALE) / u128::from(tokens);
         self.windows[self.next] = u64::try_from(gap).unwrap_or(u64::MAX).max(1);
         self.next = (self.next + 1) % DECODE_WINDOWS;
-        (self.tokens, self.ticks, self.responses) = (0, 0, 0);
         self.gap = self.windows.iter().copied().filter(|&gap| gap > 0).min().unwrap_or(0);
         self.gap_at = now;
     }
@@ -167,5 +217,41 @@ mod tests {
         }
         assert!(o.responses <= OUTPUT_HORIZON);
         assert!((50..=53).contains(&o.mean()), "{} tokens", o.mean());
+    }
+
+    #[test]
+    fn the_engines_inter_token_counters_close_a_window_per_sixteen_tokens_they_grow() {
+        let none = EngineCache::NO_COUNTER;
+        let mut d = Decode::NEW;
+        d.engine_counters(5_000, 10, false, 1);
+        assert_eq!(d.gap, 0, "the first report is only a baseline");
+        d.engine_counters(5_000 + 15 * 300, 25, false, 2);
+        assert_eq!(d.gap, 0, "15 tokens wait for more");
+        d.engine_counters(5_000 + 20 * 300, 30, false, 3);
+        assert_eq!((d.gap, d.gap_at), (300 * GAP_SCALE, 3), "20 tokens at 300 ticks each");
+        // A slower interval stays out of the least; a faster one takes over.
+        d.engine_counters(11_000 + 16 * 900, 46, false, 4);
+        assert_eq!(d.gap, 300 * GAP_SCALE);
+        d.engine_counters(25_400 + 16 * 100, 62, false, 5);
+        assert_eq!(d.gap, 100 * GAP_SCALE);
+        // A restart (counters lower) is a baseline; the next report counts from it.
+        d.engine_counters(0, 3, false, 6);
+        d.engine_counters(16 * 50, 19, false, 7);
+        assert_eq!(d.gap, 50 * GAP_SCALE);
+        // A new engine's report is a baseline too, whatever its counters: as a sample this
+        // one would read 10 ticks a token.
+        d.engine_counters(800 + 100 * 10, 119, true, 8);
+        assert_eq!(d.gap, 50 * GAP_SCALE, "no sample across engines");
+        // A report without the counters forgets the baseline.
+        d.engine_counters(none, none, false, 9);
+        d.engine_counters(1_800 + 100 * 10, 219, false, 10);
+        assert_eq!(d.gap, 50 * GAP_SCALE, "a baseline again");
+        d.engine_counters(2_800 + 16 * 20, 235, false, 11);
+        assert_eq!(d.gap, 20 * GAP_SCALE);
+        // Streamed responses close windows into the same ring.
+        for _ in 0..DECODE_WINDOW_RESPONSES {
+            d.observe(100, 100 * 15, 12);
+        }
+        assert_eq!(d.gap, 15 * GAP_SCALE);
     }
 }

@@ -508,6 +508,26 @@ impl Learned {
         self.fastest().map_or((0, 0), |b| self.prefill[b].rate)
     }
 
+    /// The rate S16's cost puts a time in tokens at: the fastest learned prefill rate, else
+    /// (no window closed yet) the fastest [`Prefill::alone_rate`], which errs slow; `(0, 0)`
+    /// when neither is known.
+    pub fn cost_rate(&self) -> (u64, u64) {
+        let fastest = self.fastest_rate();
+        if fastest.0 > 0 {
+            return fastest;
+        }
+        let alone = self.prefill.iter().map(Prefill::alone_rate).filter(|r| r.0 > 0);
+        alone.fold((0, 0), |best, r| {
+            let faster = best.0 == 0
+                || u128::from(r.0) * u128::from(best.1) > u128::from(best.0) * u128::from(r.1);
+            if faster {
+                r
+            } else {
+                best
+            }
+        })
+    }
+
     /// The backend of the fastest learned prefill rate (the first of equals), if any.
     fn fastest(&self) -> Option<usize> {
         let mut fastest: Option<(usize, (u64, u64))> = None;

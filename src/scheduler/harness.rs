@@ -103,6 +103,8 @@ struct Live {
     counters: (u64, u64),
     /// The last preemption counter reported.
     preemptions: u64,
+    /// The last inter-token counters reported, ticks and tokens.
+    itl: (u64, u64),
 }
 
 impl Live {
@@ -322,7 +324,21 @@ fn decode_input(
                     0 => u64::from(bytes.below(3)),
                     _ => live.preemptions + u64::from(bytes.below(4)),
                 };
+                // The inter-token counters grow by up to 40 tokens (a sample needs 16) at up
+                // to a few steps' ticks each, and sometimes restart.
+                let tokens = u64::from(bytes.below(41));
+                live.itl = match bytes.below(8) {
+                    0 => (0, u64::from(bytes.below(3))),
+                    _ => (
+                        live.itl.0 + tokens * [1, 700, 40_000][bytes.below(3) as usize],
+                        live.itl.1 + tokens,
+                    ),
+                };
+                let exported = bytes.below(6) != 0;
+                let none = EngineCache::NO_COUNTER;
                 snapshot.cache = EngineCache {
+                    itl_ticks: if exported { live.itl.0 } else { none },
+                    itl_count: if exported { live.itl.1 } else { none },
                     kv_capacity_tokens: [0, 300, 3000, 100_000][bytes.below(4) as usize],
                     prefix_queries: live.counters.0,
                     prefix_hits: live.counters.1,

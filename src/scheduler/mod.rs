@@ -638,6 +638,8 @@ impl Scheduler {
             model.restarted(now);
         }
         model.kv_usage(now, cache.kv_usage_micro);
+        let decode = &mut self.learned.decode[usize::from(backend)];
+        decode.engine_counters(cache.itl_ticks, cache.itl_count, snapshot.new_engine, now);
         let reported =
             model.snapshot(now, cache.kv_capacity_tokens, cache.prefix_queries, cache.prefix_hits);
         if reported.restarted || snapshot.new_engine {

@@ -68,6 +68,26 @@
 //!   or the prompt pool was exhausted) falls back to session affinity: the backend of its
 //!   session's previous turn when that one is eligible; otherwise it costs its whole prompt
 //!   everywhere and goes where the backlog is lowest.
+//!
+//! **Exploring.** A backend whose decode speed nothing has taught (no decode gap: its engine
+//! exports no inter-token histogram that has grown, and no eight of its streams have ended) is
+//! taken to be as fast as the fastest, and one that nothing was sent to learns nothing. When
+//! every session shares a prefix (a system prompt), the first backend to hold it keeps them
+//! all, and which one that is was a tie. So while a usable backend has requests in flight, a
+//! streaming first turn (a turn depth of 1, not a retry) goes to the first eligible backend
+//! with nothing in flight or held and no decode gap, whatever the cost says: one at a time,
+//! until a gap is learned, which the engine's counters teach within a scrape or two of
+//! decoding (on an engine that exports none, eight ended streams).
+//! Not a non-streaming request, whose client waits for a whole response at that unknown speed,
+//! and not a backend whose engine exported less than half the largest KV capacity among the
+//! model's backends: a smaller card is the likelier slower one and holds fewer of the sessions
+//! that would follow. Measured in the fleet lab (`perf/RESULTS.md`, twenty-fourth session): an
+//! H100 beside a 70B engine whose steps start at 48 ms, on the agent workload, sent every
+//! first turn of its first 16 s to the slow engine (by the tie, the larger KV capacity; the
+//! shared system prompt then held them there): all-request p99 3.6x `cache_aware`'s, 1.0x
+//! exploring. Sending it without the engines' counters and without the capacity condition let
+//! an L4 beside an H100 take six sessions before eight streams had taught its speed (p99
+//! 1.16-1.20x the baseline there).
 
 use std::sync::Arc;
 
@@ -419,6 +439,11 @@ impl Scheduler {
                 // No prompt to place by (too short to hash, or no text): session affinity.
                 return Some((index, lane, home));
             }
+            if entry.streaming && entry.turn == 1 && lane != Lane::Retry {
+                if let Some(b) = self.unexplored() {
+                    return Some((index, lane, b));
+                }
+            }
             let Some((cheapest, best)) = self.cheapest(now, avoid, entry.streaming) else {
                 continue;
             };
@@ -489,7 +514,7 @@ impl Scheduler {
     /// request of the last [`match_prompt`](Self::match_prompt), whose client asked for a
     /// stream if `streaming`; `avoid` only when nothing else qualifies.
     fn cheapest(&self, now: Tick, avoid: u16, streaming: bool) -> Option<((u16, u64), (u16, u64))> {
-        let fastest = self.learned.fastest_rate();
+        let fastest = self.learned.cost_rate();
         // What the request must compute wherever it goes is its own prefill, weighted 1.
         let everywhere = (CACHE_WEIGHT - 1) * self.least_uncached();
         // A whole response's client waits for its decode too, at its backend's speed; a
@@ -539,6 +564,28 @@ impl Scheduler {
         let cheapest = pick(&|b| usable(b) && not_avoided(b)).or_else(|| pick(&usable))?;
         let best = pick(&|b| eligible(b) && not_avoided(b)).or_else(|| pick(&eligible))?;
         Some((cheapest, best))
+    }
+
+    /// A backend to explore (module doc, "Exploring"): the first eligible one with nothing in
+    /// flight or held, no decode gap learned, and at least half the largest KV capacity the
+    /// model's engines exported, while a usable backend has requests in flight.
+    fn unexplored(&self) -> Option<u16> {
+        let busy = self.backends.iter().any(|b| b.usable() && b.inflight > 0);
+        if !busy {
+            return None;
+        }
+        let capacity = |b: usize| self.learned.cache[b].kv_capacity_tokens;
+        let largest = (0..self.backends.len()).map(capacity).max().unwrap_or(0);
+        (0..self.backends.len())
+            .find(|&b| {
+                let backend = &self.backends[b];
+                self.eligible[b]
+                    && backend.inflight == 0
+                    && backend.holds == 0
+                    && self.learned.decode[b].gap == 0
+                    && capacity(b).saturating_mul(2) >= largest
+            })
+            .map(|b| b as u16)
     }
 
     /// The least decode gap learned among the usable backends; 0 when none has one.

@@ -349,6 +349,79 @@ fn report(backend: u16, cache: EngineCache) -> Input {
     Input::Snapshot { backend, snapshot }
 }
 
+/// While one backend is busy, a streaming first turn goes to an idle backend whose decode
+/// speed nothing has taught yet, even away from its cached prefix: an engine of unknown speed
+/// is otherwise taken to be as fast as the fastest, and the prefix shared by every session
+/// would keep them all where the first one landed. A non-streaming request is not sent to
+/// explore (its client would wait for a whole response at an unknown speed), nor a backend
+/// whose engine exports less than half the largest KV capacity (a smaller card, and the
+/// likelier slower one), nor one already serving a request.
+#[test]
+fn a_streaming_first_turn_explores_an_idle_backend_of_unknown_decode_speed() {
+    let mut h = H::new(params(3, 8));
+    for (backend, tokens) in [(0, 40_000), (1, 40_000), (2, 10_000)] {
+        h.send(report(backend, EngineCache { kv_capacity_tokens: tokens, ..EngineCache::UNKNOWN }));
+    }
+    let shared = chain(100, 10);
+    let tokens = 10 * BLOCK_TOKENS;
+    // Nothing is busy: the cost places it (a tie, to the first of the largest capacities).
+    assert_eq!(h.arrive(1, None, &shared, tokens, true), vec![(1, 0)]);
+    h.first_byte(1);
+    assert_eq!(h.arrive(2, None, &shared, tokens, false), vec![(2, 0)], "whole responses stay");
+    assert_eq!(h.arrive(3, None, &shared, tokens, true), vec![(3, 1)], "explores backend 1");
+    // Backend 1 is serving, backend 2 is small: the cost decides, by the cached prefix.
+    assert_ne!(h.arrive(4, None, &shared, tokens, true), vec![(4, 2)]);
+}
+
+/// Once an engine's inter-token counters have taught its decode speed, its backend is placed
+/// by the cost alone: the same first turn as above stays with its cached prefix.
+#[test]
+fn a_backend_whose_engine_taught_its_decode_speed_is_not_explored() {
+    let mut h = H::new(params(2, 8));
+    same_decode_speed(&mut h);
+    let shared = chain(100, 10);
+    assert_eq!(h.arrive(1, None, &shared, 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.first_byte(1);
+    assert_eq!(h.arrive(2, None, &shared, 10 * BLOCK_TOKENS, true), vec![(2, 0)]);
+}
+
+/// Before any backend closes a prefill-rate window, a stream's cost still counts the steps of
+/// an engine whose steps are longer, at the fastest rate served alone. Backend 0 decodes at
+/// 100 ticks a token, backend 1 at 10,000 (its engine's counters say so); backend 0 served
+/// ten blocks alone in 64 ticks (10 tokens a tick). With a ten-block prefill pending on
+/// backend 0, another costs 640 + 2 x 640 there and 4 x 9,900 x 10 on backend 1; with no rate
+/// to count the steps at, backend 1 would cost nothing and take it.
+#[test]
+fn longer_steps_count_at_the_rate_served_alone_before_any_window() {
+    let mut h = H::new(params(2, 8));
+    for (backend, ticks) in [(0, 1_600), (1, 160_000)] {
+        for itl in [(0, 0), (ticks, 16)] {
+            let cache = EngineCache { itl_ticks: itl.0, itl_count: itl.1, ..EngineCache::UNKNOWN };
+            h.send(report(backend, cache));
+        }
+    }
+    assert_eq!(h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
+    h.now = 64;
+    h.first_byte(1);
+    h.complete(1);
+    assert_eq!(h.s.learned.fastest_rate(), (0, 0), "no window closed");
+    assert_eq!(h.s.learned.cost_rate(), (640, 64));
+    assert_eq!(h.arrive(2, None, &chain(200, 10), 10 * BLOCK_TOKENS, true), vec![(2, 0)]);
+    assert_eq!(h.arrive(3, None, &chain(300, 10), 10 * BLOCK_TOKENS, true), vec![(3, 0)]);
+}
+
+/// Reports that teach both of two backends the same decode gap from their engines'
+/// inter-token counters (a hundred ticks a token).
+fn same_decode_speed(h: &mut H) {
+    for itl in [(0, 0), (1600, 16)] {
+        for backend in 0..2 {
+            let cache = EngineCache { itl_ticks: itl.0, itl_count: itl.1, ..EngineCache::UNKNOWN };
+            h.send(report(backend, cache));
+        }
+    }
+    assert_eq!(h.s.learned.decode[1].gap, 100 * decode::GAP_SCALE);
+}
+
 /// A report for `backend` with this KV usage (millionths) and nothing else about its caches.
 fn usage_of(backend: u16, usage_micro: u32) -> Input {
     report(backend, EngineCache { kv_usage_micro: usage_micro, ..EngineCache::UNKNOWN })
@@ -644,10 +717,12 @@ fn an_uncached_prompt_goes_where_it_would_be_done_soonest() {
 /// tokens per tick and prefilled ten blocks (640 tokens) alone in 64 ticks; backend 1 prefilled
 /// ten blocks alone in 256, a quarter as fast. A ten-block prompt no backend holds then costs
 /// 640 + 125 (the sequence backend 0 decodes) there and 640 × 4 on backend 1. Taken to be as
-/// fast as backend 0, backend 1 would cost 640, and take it.
+/// fast as backend 0, backend 1 would cost 640, and take it. (Both engines' decode speeds are
+/// known, alike, from their inter-token counters: none is left to explore.)
 #[test]
 fn a_backend_without_a_rate_is_compared_by_the_requests_it_served_alone() {
     let mut h = H::new(params(2, 8));
+    same_decode_speed(&mut h);
     assert_eq!(h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
     h.now = 64;
     h.first_byte(1);

@@ -81,6 +81,13 @@ pub struct EngineCache {
     /// `vllm:kv_cache_usage_perc` (or `vllm:gpu_cache_usage_perc`), SGLang `sglang:token_usage`;
     /// [`EngineCache::NO_USAGE`] when not exported.
     pub kv_usage_micro: u32,
+    /// The engine's inter-token latencies, cumulative since it started: their sum in ticks
+    /// and their count, one per output token after a sequence's first (vLLM and SGLang
+    /// `*:inter_token_latency_seconds_sum` and `_count`); [`EngineCache::NO_COUNTER`] when not
+    /// exported. What the engine decoded for anyone teaches the backend's decode gap
+    /// (`decode`).
+    pub itl_ticks: u64,
+    pub itl_count: u64,
 }
 
 impl EngineCache {
@@ -95,6 +102,8 @@ impl EngineCache {
         prefix_hits: EngineCache::NO_COUNTER,
         preemptions: EngineCache::NO_COUNTER,
         kv_usage_micro: EngineCache::NO_USAGE,
+        itl_ticks: EngineCache::NO_COUNTER,
+        itl_count: EngineCache::NO_COUNTER,
     };
 }
 

@@ -121,6 +121,15 @@ fn matches_reference_model_on_a_backend_known_only_by_requests_served_alone() {
         }
     }
     assert!(served > u64::from(crate::scheduler::estimate::WINDOW_EVENTS), "{served} on 0");
+    // Both engines' inter-token counters teach the same decode gap: none is left to explore.
+    for (at, itl) in [(90_000, (0, 0)), (95_000, (1600, 16))] {
+        for backend in 0..2 {
+            let mut snapshot = Snapshot::new(true, None, at);
+            snapshot.cache.itl_ticks = itl.0;
+            snapshot.cache.itl_count = itl.1;
+            script.push(step(at, Input::Snapshot { backend, snapshot }));
+        }
+    }
     script.extend([
         arrive(100_000, 50),
         first_byte(100_500, 50),

@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use hashbrown::HashMap;
 
 use super::cache::{chain_hash, BlockPool, CHAIN_SEED};
-use super::metrics::{Histogram, E2E_BUCKETS, TTFT_BUCKETS};
+use super::metrics::{Histogram, E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS};
 use super::tokens::{generated_word, token_id, VOCAB};
 
 /// The engine's parameters (a profile, see `docs/sim.md`).
@@ -136,6 +136,12 @@ pub struct Stats {
     pub ttft: Histogram,
     /// Arrival to last token, simulated seconds.
     pub e2e: Histogram,
+    /// From each token after a sequence's first to the token before it (vLLM V1 observes
+    /// `vllm:inter_token_latency_seconds` so, per request and step), in *real* seconds: the
+    /// simulated interval over the time scale ([`Engine::set_time_scale`]). A router reads
+    /// this histogram to learn how fast the engine decodes and compares it with what it
+    /// measures itself, in real time.
+    pub itl: Histogram,
 }
 
 #[derive(Debug)]
@@ -156,6 +162,8 @@ struct Seq {
     generated: u32,
     prompt_hash: u64,
     arrival: u64,
+    /// When its last token was generated.
+    last_token_at: u64,
     cached_tokens: Option<u32>,
 }
 
@@ -171,6 +179,8 @@ pub struct Engine {
     running: Vec<RequestId>,
     in_step: bool,
     stats: Stats,
+    /// Simulated seconds per real second (1 until set).
+    time_scale: f64,
 }
 
 impl Engine {
@@ -198,8 +208,17 @@ impl Engine {
                 prefill_tokens: 0,
                 ttft: Histogram::new(TTFT_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
             },
+            time_scale: 1.0,
         }
+    }
+
+    /// The engine runs `time_scale` simulated seconds per real second (the sim's
+    /// `--time-scale`): its inter-token latencies are reported in real seconds ([`Stats::itl`]).
+    pub fn set_time_scale(&mut self, time_scale: f64) {
+        assert!(time_scale.is_finite() && time_scale > 0.0, "bad time scale {time_scale}");
+        self.time_scale = time_scale;
     }
 
     /// The parameters.
@@ -242,6 +261,7 @@ impl Engine {
             generated: 0,
             prompt_hash,
             arrival: now,
+            last_token_at: now,
             cached_tokens: None,
             tokens: prompt,
         };
@@ -417,7 +437,10 @@ impl Engine {
         if index == 0 {
             self.stats.ttft.observe(seconds(now - seq.arrival));
             self.stats.prompt_tokens += u64::from(seq.prompt_len);
+        } else {
+            self.stats.itl.observe(seconds(now - seq.last_token_at) / self.time_scale);
         }
+        seq.last_token_at = now;
         self.stats.generation_tokens += 1;
         let last = seq.generated == seq.max_tokens;
         events.push(Event::Token { id, index, word, last });

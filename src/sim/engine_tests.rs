@@ -197,6 +197,9 @@ fn step_time_follows_the_model() {
     // Prefill of 16 tokens, then one decode step of two sequences.
     assert_eq!(durations, [1_000 + 16 * 10, 1_000 + 2 * 100]);
     assert_eq!(end, 2_360);
+    // Each second token came one decode step after its first: two inter-token latencies.
+    let itl = &engine.stats().itl;
+    assert_eq!((itl.count(), itl.sum()), (2, 2.0 * 1_200e-9));
 }
 
 #[test]
@@ -241,6 +244,7 @@ fn metrics_move_as_requests_run_and_finish() {
         "vllm:num_requests_running{model_name=\"m\"} 0.0",
         "vllm:prefix_cache_queries_total{model_name=\"m\"} 20.0",
         "vllm:time_to_first_token_seconds_count{model_name=\"m\"} 1",
+        "vllm:inter_token_latency_seconds_count{model_name=\"m\"} 3",
         "vllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 1",
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");

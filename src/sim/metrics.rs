@@ -7,7 +7,10 @@
 //!
 //! Latencies are in **simulated engine seconds** (step durations of the step-time model), not
 //! wall-clock seconds: under `--time-scale 10` a request that took 0.1 s of real time reports 1 s,
-//! which is what the modelled GPU would have taken.
+//! which is what the modelled GPU would have taken. One exception: the inter-token histogram
+//! `vllm:inter_token_latency_seconds` is in real seconds, because a router reads it to learn
+//! how fast the engine decodes and compares that with the streams it times itself (warmpath's
+//! decode gap, `scheduler::decode`).
 
 use std::fmt::Write;
 
@@ -23,6 +26,12 @@ pub const TTFT_BUCKETS: &[f64] = &[
 pub const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// `vllm:inter_token_latency_seconds` buckets, as vLLM V1 defines them.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
 ];
 
 /// A fixed-bucket histogram (non-cumulative counts; cumulated when rendered).
@@ -158,6 +167,8 @@ pub fn render(engine: &Engine, model: &str, now_ns: u64, out: &mut String) {
     s.ttft.render(out, "vllm:time_to_first_token_seconds", l, "Time to first token in seconds.");
     let e2e_help = "End to end request latency in seconds.";
     s.e2e.render(out, "vllm:e2e_request_latency_seconds", l, e2e_help);
+    let itl_help = "Histogram of inter-token latency in seconds.";
+    s.itl.render(out, "vllm:inter_token_latency_seconds", l, itl_help);
 }
 
 #[cfg(test)]

@@ -148,11 +148,13 @@ impl Server {
     fn new(options: SimOptions, poll: Poll, listener: TcpListener, stop: Arc<AtomicBool>) -> Self {
         let clock = Clock::real();
         let start = clock.now();
+        let mut engine = Engine::new(options.params, options.seed);
+        engine.set_time_scale(options.time_scale);
         Server {
             poll,
             listener,
             conns: Slab::with_capacity(256),
-            engine: Engine::new(options.params, options.seed),
+            engine,
             model: options.model,
             clock,
             start,

@@ -15,6 +15,7 @@
 //! | `prefix_queries`     | `vllm:prefix_cache_queries_total`, else `vllm:gpu_prefix_cache_queries_total` | `sglang:prompt_tokens_total`  |
 //! | `prefix_hits`        | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`   | `sglang:cached_tokens_total`  |
 //! | `preemptions`        | `vllm:num_preemptions_total`                                              | `sglang:num_retracted_requests_total` |
+//! | `itl`                | `vllm:inter_token_latency_seconds_sum` and `_count`, else `vllm:time_per_output_token_seconds_sum` and `_count` | `sglang:inter_token_latency_seconds_sum` and `_count` |
 //!
 //! An older vLLM name is used only when the body holds no series of the newer one. Each field
 //! is summed over its family's series (one per data-parallel engine), except `cache_usage`, a
@@ -49,6 +50,13 @@
 //!   ("Total number of retracted requests", its name for the same; the older gauge
 //!   `sglang:num_retracted_reqs` is not a count since start and is not read). Both are
 //!   exported as `NAME_total`.
+//! - **Inter-token latencies**: vLLM V1's histogram `vllm:inter_token_latency_seconds`
+//!   (`loggers.py`; its deprecated twin `vllm:time_per_output_token_seconds` carries the same
+//!   observations and is read only when the newer is absent) and SGLang's
+//!   `sglang:inter_token_latency_seconds` (`collector.py`): one observation per output token
+//!   after a request's first. Only the histogram's `_sum` and `_count` series are read, each
+//!   summed over engines, and only as a pair from one name; the scheduler learns a decode
+//!   speed from their growth (`scheduler::decode`).
 //!
 //! **The KV capacity of vLLM** is read from the labels of `vllm:cache_config_info`: per
 //! series, `kv_cache_size_tokens` when it is a decimal integer, else `num_gpu_blocks` ×
@@ -101,6 +109,7 @@
 
 use std::fmt;
 
+use crate::clock::TickRate;
 use crate::config::Engine;
 use crate::scheduler::EngineCache;
 
@@ -140,6 +149,10 @@ impl EngineKind {
                 ("vllm:gpu_prefix_cache_queries_total", S(Sum::PrefixQueriesLegacy)),
                 ("vllm:gpu_prefix_cache_hits_total", S(Sum::PrefixHitsLegacy)),
                 ("vllm:num_preemptions_total", S(Sum::Preemptions)),
+                ("vllm:inter_token_latency_seconds_sum", S(Sum::ItlSeconds)),
+                ("vllm:inter_token_latency_seconds_count", S(Sum::ItlCount)),
+                ("vllm:time_per_output_token_seconds_sum", S(Sum::ItlSecondsLegacy)),
+                ("vllm:time_per_output_token_seconds_count", S(Sum::ItlCountLegacy)),
                 ("vllm:cache_config_info", CacheConfigInfo),
             ],
             Self::Sglang => &[
@@ -150,6 +163,8 @@ impl EngineKind {
                 ("sglang:prompt_tokens_total", S(Sum::PrefixQueries)),
                 ("sglang:cached_tokens_total", S(Sum::PrefixHits)),
                 ("sglang:num_retracted_requests_total", S(Sum::Preemptions)),
+                ("sglang:inter_token_latency_seconds_sum", S(Sum::ItlSeconds)),
+                ("sglang:inter_token_latency_seconds_count", S(Sum::ItlCount)),
             ],
         }
     }
@@ -178,10 +193,15 @@ enum Sum {
     PrefixHits,
     PrefixHitsLegacy,
     Preemptions,
+    ItlSeconds,
+    ItlCount,
+    /// vLLM's older name of the inter-token histogram, used only when the newer is absent.
+    ItlSecondsLegacy,
+    ItlCountLegacy,
 }
 
 /// How many [`Sum`]s there are.
-const SUMS: usize = 10;
+const SUMS: usize = 14;
 
 /// What one scrape read, each summed over the series of its family; `None` when the body holds
 /// no series of that family (or, for vLLM's capacity, a strange info gauge: see the module
@@ -204,6 +224,9 @@ pub struct EngineGauges {
     /// Running requests the engine preempted back into its waiting queue, cumulative since it
     /// started.
     pub preemptions: Option<f64>,
+    /// The engine's inter-token latencies since it started, in seconds, and their count (one
+    /// per output token after a sequence's first); both or neither.
+    pub itl: Option<(f64, f64)>,
 }
 
 impl EngineGauges {
@@ -214,11 +237,12 @@ impl EngineGauges {
         self.waiting.map(|waiting| waiting.round() as u32)
     }
 
-    /// What the scrape says about the engine's caches, as `scheduler::Snapshot::cache` takes
-    /// it: values rounded to the nearest integer; a capacity saturating at `u32::MAX` (0 when
-    /// unknown), counters at one below [`EngineCache::NO_COUNTER`] (which stands for a counter
-    /// not exported), the KV usage in millionths and at most one whole.
-    pub fn cache(&self) -> EngineCache {
+    /// What the scrape says about the engine's caches and its decoding, as
+    /// `scheduler::Snapshot::cache` takes it: values rounded to the nearest integer; a capacity
+    /// saturating at `u32::MAX` (0 when unknown), counters at one below
+    /// [`EngineCache::NO_COUNTER`] (which stands for a counter not exported), the KV usage in
+    /// millionths and at most one whole, the inter-token sum in ticks of `rate`.
+    pub fn cache(&self, rate: TickRate) -> EngineCache {
         let counter = |value: Option<f64>| {
             value.map_or(EngineCache::NO_COUNTER, |v| {
                 (v.round() as u64).min(EngineCache::NO_COUNTER - 1)
@@ -232,6 +256,8 @@ impl EngineGauges {
             kv_usage_micro: self
                 .cache_usage
                 .map_or(EngineCache::NO_USAGE, |usage| (usage.min(1.0) * 1e6).round() as u32),
+            itl_ticks: counter(self.itl.map(|(seconds, _)| seconds * 1e9 * rate.ticks_per_ns())),
+            itl_count: counter(self.itl.map(|(_, count)| count)),
         }
     }
 }
@@ -340,6 +366,7 @@ pub fn parse_gauges(
     }
     let sum = |s: Sum| sums[s as usize];
     let mean = |s: Sum| sum(s).map(|total| total / f64::from(series[s as usize]));
+    let both = |a: Sum, b: Sum| sum(a).zip(sum(b));
     let prefix_queries = sum(Sum::PrefixQueries).or(sum(Sum::PrefixQueriesLegacy));
     let mut prefix_hits = sum(Sum::PrefixHits).or(sum(Sum::PrefixHitsLegacy));
     if kind == EngineKind::Sglang && prefix_queries.is_some() {
@@ -354,6 +381,8 @@ pub fn parse_gauges(
         prefix_queries,
         prefix_hits,
         preemptions: sum(Sum::Preemptions),
+        itl: both(Sum::ItlSeconds, Sum::ItlCount)
+            .or(both(Sum::ItlSecondsLegacy, Sum::ItlCountLegacy)),
     })
 }
 

@@ -20,6 +20,10 @@ fn families(kind: EngineKind) -> &'static [(&'static str, &'static str)] {
             ("vllm:gpu_prefix_cache_queries_total", "queries_old"),
             ("vllm:gpu_prefix_cache_hits_total", "hits_old"),
             ("vllm:num_preemptions_total", "preemptions"),
+            ("vllm:inter_token_latency_seconds_sum", "itl_sum"),
+            ("vllm:inter_token_latency_seconds_count", "itl_count"),
+            ("vllm:time_per_output_token_seconds_sum", "itl_sum_old"),
+            ("vllm:time_per_output_token_seconds_count", "itl_count_old"),
             ("vllm:cache_config_info", "info"),
         ],
         EngineKind::Sglang => &[
@@ -30,6 +34,8 @@ fn families(kind: EngineKind) -> &'static [(&'static str, &'static str)] {
             ("sglang:prompt_tokens_total", "queries"),
             ("sglang:cached_tokens_total", "hits"),
             ("sglang:num_retracted_requests_total", "preemptions"),
+            ("sglang:inter_token_latency_seconds_sum", "itl_sum"),
+            ("sglang:inter_token_latency_seconds_count", "itl_count"),
         ],
     }
 }
@@ -109,6 +115,10 @@ pub fn parse_gauges(
         prefix_queries: queries,
         prefix_hits: hits,
         preemptions: get("preemptions"),
+        itl: match (get("itl_sum"), get("itl_count")) {
+            (Some(sum), Some(count)) => Some((sum, count)),
+            _ => get("itl_sum_old").zip(get("itl_count_old")),
+        },
     })
 }
 
@@ -250,9 +260,11 @@ pub fn check_properties(data: &[u8]) {
                 prefix_queries,
                 prefix_hits,
                 preemptions,
+                itl,
             } = gauges;
             let values = [waiting, running, cache_usage, kv_capacity_tokens, prefix_queries];
-            for value in values.into_iter().chain([prefix_hits, preemptions]).flatten() {
+            let itl = [itl.map(|i| i.0), itl.map(|i| i.1)];
+            for value in values.into_iter().chain([prefix_hits, preemptions]).chain(itl).flatten() {
                 assert!(value.is_finite() && value >= 0.0, "{value} from {data:?}");
             }
         }

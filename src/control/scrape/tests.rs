@@ -366,12 +366,12 @@ fn vllm_cache_fields_are_summed_over_engines() {
     assert_eq!(gauges.waiting, Some(1.0));
     assert_eq!(gauges.kv_capacity_tokens, Some(2.0 * 27648.0 * 16.0));
     assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(200_000.0), Some(120_000.0)));
-    let cache = gauges.cache();
+    let cache = gauges.cache(TickRate::NANOS);
     assert_eq!(cache.kv_capacity_tokens, 884_736);
     assert_eq!((cache.prefix_queries, cache.prefix_hits), (200_000, 120_000));
     // Bodies without them: nothing known but the KV usage.
     let usage = EngineCache { kv_usage_micro: 187_500, ..EngineCache::UNKNOWN };
-    assert_eq!(vllm(VLLM).unwrap().cache(), usage);
+    assert_eq!(vllm(VLLM).unwrap().cache(TickRate::NANOS), usage);
 }
 
 #[test]
@@ -475,7 +475,7 @@ fn sglang_cache_fields() {
     let gauges = parse(EngineKind::Sglang, SGLANG.as_bytes()).unwrap();
     assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (None, None));
     let usage = EngineCache { kv_usage_micro: 500_000, ..EngineCache::UNKNOWN };
-    assert_eq!(gauges.cache(), usage, "only its token usage");
+    assert_eq!(gauges.cache(TickRate::NANOS), usage, "only its token usage");
     // vLLM's absent hits stay unknown: its counters exist from the start.
     let gauges = vllm("vllm:prefix_cache_queries_total 7\n").unwrap();
     assert_eq!((gauges.prefix_queries, gauges.prefix_hits), (Some(7.0), None));
@@ -486,7 +486,7 @@ fn preemption_counters_are_summed_over_engines() {
     let two = "vllm:num_preemptions_total{engine=\"0\",model_name=\"m\"} 3.0\n\
                vllm:num_preemptions_total{engine=\"1\",model_name=\"m\"} 4.0\n";
     assert_eq!(vllm(two).unwrap().preemptions, Some(7.0));
-    assert_eq!(vllm(two).unwrap().cache().preemptions, 7);
+    assert_eq!(vllm(two).unwrap().cache(TickRate::NANOS).preemptions, 7);
     // SGLang's retraction counter is its preemption counter; its older gauge is not read.
     let sglang = format!(
         "{SGLANG}sglang:num_retracted_requests_total{{model_name=\"q\"}} 5\n\
@@ -497,7 +497,7 @@ fn preemption_counters_are_summed_over_engines() {
     assert_eq!(parse(EngineKind::Sglang, SGLANG.as_bytes()).unwrap().preemptions, None);
     // Absent: not exported. Each engine reads only its own name.
     assert_eq!(vllm(VLLM).unwrap().preemptions, None);
-    assert_eq!(vllm(VLLM).unwrap().cache().preemptions, EngineCache::NO_COUNTER);
+    assert_eq!(vllm(VLLM).unwrap().cache(TickRate::NANOS).preemptions, EngineCache::NO_COUNTER);
     let other = parse(EngineKind::Sglang, two.as_bytes()).unwrap();
     assert_eq!(other.preemptions, None);
     // A malformed or negative sample fails the scrape, like every summed family's.
@@ -515,18 +515,18 @@ fn cache_rounds_and_saturates() {
         prefix_hits: Some(1e30),
         ..EngineGauges::default()
     };
-    let cache = gauges.cache();
+    let cache = gauges.cache(TickRate::NANOS);
     assert_eq!(cache.kv_capacity_tokens, u32::MAX);
     assert_eq!(cache.prefix_queries, 3);
     assert_eq!(cache.prefix_hits, EngineCache::NO_COUNTER - 1);
     let gauges = EngineGauges { kv_capacity_tokens: Some(1600.4), ..EngineGauges::default() };
-    assert_eq!(gauges.cache().kv_capacity_tokens, 1600);
-    assert_eq!(gauges.cache().prefix_hits, EngineCache::NO_COUNTER);
-    assert_eq!(gauges.cache().kv_usage_micro, EngineCache::NO_USAGE);
+    assert_eq!(gauges.cache(TickRate::NANOS).kv_capacity_tokens, 1600);
+    assert_eq!(gauges.cache(TickRate::NANOS).prefix_hits, EngineCache::NO_COUNTER);
+    assert_eq!(gauges.cache(TickRate::NANOS).kv_usage_micro, EngineCache::NO_USAGE);
     // A usage over one (an engine rounding, or a sum of several) is one whole.
     for (usage, micro) in [(0.123_456_7, 123_457), (1.0, 1_000_000), (1.7, 1_000_000)] {
         let gauges = EngineGauges { cache_usage: Some(usage), ..EngineGauges::default() };
-        assert_eq!(gauges.cache().kv_usage_micro, micro, "{usage}");
+        assert_eq!(gauges.cache(TickRate::NANOS).kv_usage_micro, micro, "{usage}");
     }
 }
 
@@ -548,4 +548,44 @@ fn sum_families_sums_any_family_under_the_same_rules() {
     let refused = sum_families(text.as_bytes(), &[BUSY, TIME], &limits, &mut sums);
     assert!(matches!(refused, Err(ScrapeError::BodyTooLarge { .. })));
     assert_eq!(sums, [None, None]);
+}
+
+#[test]
+fn the_inter_token_histograms_sum_and_count_are_summed_over_engines_and_put_in_ticks() {
+    let histogram = |name: &str, engine: u32, sum: f64, count: f64| {
+        format!(
+            "{name}_bucket{{engine=\"{engine}\",le=\"0.01\",model_name=\"m\"}} 1.0\n\
+             {name}_count{{engine=\"{engine}\",model_name=\"m\"}} {count}\n\
+             {name}_sum{{engine=\"{engine}\",model_name=\"m\"}} {sum}\n"
+        )
+    };
+    let new = "vllm:inter_token_latency_seconds";
+    let old = "vllm:time_per_output_token_seconds";
+    let two = histogram(new, 0, 1.5, 100.0) + &histogram(new, 1, 0.5, 60.0);
+    assert_eq!(vllm(&two).unwrap().itl, Some((2.0, 160.0)));
+    // Two ticks a nanosecond: the sum in ticks; the count as it is.
+    let cache = vllm(&two).unwrap().cache(TickRate::new(2.0));
+    assert_eq!((cache.itl_ticks, cache.itl_count), (4_000_000_000, 160));
+    // vLLM's older name is read only when the newer is absent, and both halves come from one.
+    let both = histogram(old, 0, 9.0, 900.0) + &two;
+    assert_eq!(vllm(&both).unwrap().itl, Some((2.0, 160.0)));
+    assert_eq!(vllm(&histogram(old, 0, 9.0, 900.0)).unwrap().itl, Some((9.0, 900.0)));
+    let mixed = format!("{new}_sum 1.0\n{old}_count 5\n");
+    assert_eq!(vllm(&mixed).unwrap().itl, None, "a sum without its count");
+    // Absent: not exported.
+    assert_eq!(vllm(VLLM).unwrap().itl, None);
+    let cache = vllm(VLLM).unwrap().cache(TickRate::NANOS);
+    assert_eq!(
+        (cache.itl_ticks, cache.itl_count),
+        (EngineCache::NO_COUNTER, EngineCache::NO_COUNTER)
+    );
+    // SGLang's histogram under its own name; each engine reads only its own.
+    let sglang = histogram("sglang:inter_token_latency_seconds", 0, 0.25, 10.0);
+    assert_eq!(parse(EngineKind::Sglang, sglang.as_bytes()).unwrap().itl, Some((0.25, 10.0)));
+    assert_eq!(vllm(&sglang).unwrap().itl, None);
+    // A malformed sample fails the scrape, like every summed family's.
+    let bad = format!("{new}_count{{engine=\"0\"}} x\n");
+    assert!(matches!(vllm(&bad), Err(ScrapeError::Malformed { line: 1, .. })));
+    check_properties(two.as_bytes());
+    check_properties(both.as_bytes());
 }

@@ -44,9 +44,22 @@ pub(super) struct Learned {
     /// The KV usage averaged over the scrapes, millionths: each moves it a
     /// `KV_PRESSURE_SCRAPES`th of the way to the usage it reports.
     pub(super) pressure: u64,
-    /// Output tokens after the first and ticks from first byte to end of each of its streaming
-    /// responses, oldest first.
-    pub(super) decode: Vec<(u64, u64)>,
+    /// What taught its decode speed, oldest first: each streaming response's output tokens
+    /// after the first and ticks from first byte to end, and each sample of the engine's own
+    /// inter-token counters.
+    pub(super) decode: Vec<DecodeSeen>,
+    /// The engine's inter-token counters (ticks, tokens) at the last sample, or at the first
+    /// scrape that exported them.
+    pub(super) itl: Option<(u64, u64)>,
+}
+
+/// One thing that taught a backend's decode speed.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DecodeSeen {
+    /// A streaming response: output tokens after the first, ticks from first byte to end.
+    Response(u64, u64),
+    /// The engine's inter-token sum and count grew by (ticks, tokens) since the last sample.
+    Engine(u64, u64),
 }
 
 impl Learned {
@@ -86,6 +99,7 @@ impl Learned {
             restarted_at: 0,
             pressure: 0,
             decode: Vec::new(),
+            itl: None,
         }
     }
 }
@@ -190,6 +204,7 @@ impl Reference {
 
     pub(super) fn snapshot(&mut self, now: Tick, backend: u16, snapshot: Snapshot) {
         self.engine_caches(now, backend, &snapshot);
+        self.engine_itl(backend, snapshot.cache, snapshot.new_engine);
         let (b, cache) = (usize::from(backend), snapshot.cache);
         let stale_after = self.p.metrics_stale_after;
         let (own, unstreamed, decoding) = self.admitted_kinds(backend);
@@ -318,6 +333,25 @@ impl Reference {
         self.fastest_backend().map_or((0, 0), |b| self.rate(b))
     }
 
+    /// The rate S16's cost puts a time in tokens at: the fastest learned rate, else the
+    /// fastest rate served alone; `(0, 0)` when neither is known.
+    pub(super) fn cost_rate(&self) -> (u64, u64) {
+        if let Some(b) = self.fastest_backend() {
+            return self.rate(b);
+        }
+        let mut best = (0, 0);
+        for b in 0..self.p.backends {
+            let r = self.alone_rate(b);
+            if r.0 > 0
+                && (best.0 == 0
+                    || u128::from(r.0) * u128::from(best.1) > u128::from(best.0) * u128::from(r.1))
+            {
+                best = r;
+            }
+        }
+        best
+    }
+
     /// The backend of the fastest learned rate, the first of equals.
     fn fastest_backend(&self) -> Option<u16> {
         let mut fastest: Option<u16> = None;
@@ -369,26 +403,59 @@ impl Reference {
             }
         } else if !done.prefill_pending && tokens > 1 {
             let span = now - done.first_byte_at;
-            self.learned[usize::from(done.backend)].decode.push((u64::from(tokens - 1), span));
+            let seen = DecodeSeen::Response(u64::from(tokens - 1), span);
+            self.learned[usize::from(done.backend)].decode.push(seen);
         }
     }
 
-    /// `backend`'s ticks per output token in `1 / decode::GAP_SCALE`: of its streaming
-    /// responses in windows of `decode::DECODE_WINDOW_RESPONSES`, each window's tokens over
-    /// its ticks, the least of the last `decode::DECODE_WINDOWS` windows; 0 before the first.
+    /// `backend`'s ticks per output token in `1 / decode::GAP_SCALE`: windows closed by every
+    /// `decode::DECODE_WINDOW_RESPONSES` streaming responses (their tokens over their ticks)
+    /// and by each sample of the engine's counters (its own), in the order they closed; the
+    /// least of the last `decode::DECODE_WINDOWS`; 0 before the first.
     pub(super) fn gap(&self, backend: u16) -> u64 {
-        let responses = &self.learned[usize::from(backend)].decode;
-        let windows: Vec<u64> = responses
-            .chunks_exact(decode::DECODE_WINDOW_RESPONSES as usize)
-            .map(|window| {
-                let tokens: u64 = window.iter().map(|r| r.0).sum();
-                let ticks = window.iter().fold(0u64, |sum, r| sum.saturating_add(r.1));
-                let gap = u128::from(ticks) * u128::from(decode::GAP_SCALE) / u128::from(tokens);
-                u64::try_from(gap).unwrap_or(u64::MAX).max(1)
-            })
-            .collect();
+        let ratio = |tokens: u64, ticks: u64| {
+            let gap = u128::from(ticks) * u128::from(decode::GAP_SCALE) / u128::from(tokens);
+            u64::try_from(gap).unwrap_or(u64::MAX).max(1)
+        };
+        let mut windows = Vec::new();
+        let mut open: Vec<(u64, u64)> = Vec::new();
+        for seen in &self.learned[usize::from(backend)].decode {
+            match *seen {
+                DecodeSeen::Engine(ticks, tokens) => windows.push(ratio(tokens, ticks)),
+                DecodeSeen::Response(tokens, ticks) => {
+                    open.push((tokens, ticks));
+                    if open.len() == decode::DECODE_WINDOW_RESPONSES as usize {
+                        let tokens: u64 = open.iter().map(|r| r.0).sum();
+                        let ticks = open.iter().fold(0u64, |sum, r| sum.saturating_add(r.1));
+                        windows.push(ratio(tokens, ticks));
+                        open.clear();
+                    }
+                }
+            }
+        }
         let last = &windows[windows.len().saturating_sub(decode::DECODE_WINDOWS)..];
         last.iter().copied().min().unwrap_or(0)
+    }
+
+    /// A snapshot's inter-token counters of `backend`'s engine: a sample once the count grew
+    /// by `decode::ENGINE_SAMPLE_TOKENS` since the last; a counter that went down, a new
+    /// engine or counters not exported start over.
+    fn engine_itl(&mut self, backend: u16, cache: EngineCache, new_engine: bool) {
+        let l = &mut self.learned[usize::from(backend)];
+        let now = (cache.itl_ticks, cache.itl_count);
+        if now.0 == EngineCache::NO_COUNTER || now.1 == EngineCache::NO_COUNTER {
+            l.itl = None;
+            return;
+        }
+        match l.itl {
+            Some(last) if !new_engine && now.0 >= last.0 && now.1 >= last.1 => {
+                if now.1 - last.1 >= decode::ENGINE_SAMPLE_TOKENS {
+                    l.decode.push(DecodeSeen::Engine(now.0 - last.0, now.1 - last.1));
+                    l.itl = Some(now);
+                }
+            }
+            _ => l.itl = Some(now),
+        }
     }
 
     /// The mean output tokens of the model's non-streaming responses; 0 before the first.

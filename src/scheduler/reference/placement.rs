@@ -202,9 +202,10 @@ impl Reference {
     }
 
     /// `tokens` output tokens at `slower` ticks per token (in `1 / GAP_SCALE`) in the fastest
-    /// backend's prefill time; 0 while that rate is unknown.
+    /// backend's prefill time (its rate served alone before any window); 0 while no rate is
+    /// known.
     fn in_fastest_time(&self, tokens: u64, slower: u64) -> u64 {
-        let fastest = self.fastest();
+        let fastest = self.cost_rate();
         if fastest.0 == 0 {
             return 0;
         }
@@ -255,6 +256,25 @@ impl Reference {
         u64::try_from(scaled).unwrap_or(u64::MAX)
     }
 
+    /// The first eligible backend with nothing in flight or held whose decode speed is not
+    /// known and whose engine exported at least half the largest KV capacity, while a usable
+    /// backend has requests in flight.
+    fn unexplored(&self, now: Tick) -> Option<u16> {
+        let busy = (0..self.p.backends).any(|b| self.usable(b) && self.backend_inflight(b) > 0);
+        if !busy {
+            return None;
+        }
+        let capacity = |b: u16| self.learned[usize::from(b)].capacity;
+        let largest = (0..self.p.backends).map(capacity).max().unwrap_or(0);
+        (0..self.p.backends).find(|&b| {
+            self.eligible(b, now)
+                && self.backend_inflight(b) == 0
+                && self.holds_on(b) == 0
+                && self.gap(b) == 0
+                && capacity(b).saturating_mul(2) >= largest
+        })
+    }
+
     /// S16: the first request of the scan that can be placed, and where.
     pub(super) fn place(&mut self, now: Tick, head: Option<u16>) -> Option<(usize, u16)> {
         let scan = (self.p.prefix.scan_max as usize).max(1);
@@ -268,6 +288,11 @@ impl Reference {
                 && self.eligible(home, now)
             {
                 return Some((index, home));
+            }
+            if request.streaming && request.turn == 1 && request.lane != Lane::Retry {
+                if let Some(b) = self.unexplored(now) {
+                    return Some((index, b));
+                }
             }
             let cost = |b: u16| self.cost(request, b, now);
             let best = |filter: &dyn Fn(u16) -> bool| {

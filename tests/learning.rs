@@ -25,17 +25,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 use warmpath::bench::{run_workload, MultiTurn};
-use warmpath::sim::{prefill_capacity, profile, start, SimOptions};
+use warmpath::sim::{prefill_capacity, profile, start, RunningSim, SimOptions};
 
 use support::client;
 use support::router::Setup;
 
 const TIME_SCALE: f64 = 5.0;
+const PROFILES: [&str; 2] = ["h100-8b", "l4-3b"];
 
-#[test]
-#[allow(clippy::too_many_lines)] // one scenario, read top to bottom; older than the lint
-fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
-    let profiles = ["h100-8b", "l4-3b"];
+/// A sim of each profile at [`TIME_SCALE`], and their addresses.
+fn start_sims(profiles: [&str; 2]) -> (Vec<RunningSim>, Vec<String>) {
     let sims: Vec<_> = profiles
         .iter()
         .enumerate()
@@ -46,7 +45,15 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
             start(options).expect("a sim starts")
         })
         .collect();
-    let backends: Vec<String> = sims.iter().map(|s| s.addr().to_string()).collect();
+    let backends = sims.iter().map(|s| s.addr().to_string()).collect();
+    (sims, backends)
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom; older than the lint
+fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
+    let (sims, backends) = start_sims(PROFILES);
+    let profiles = PROFILES;
     let router = Setup::new()
         .model("sim-8b", &backends)
         .model_key("engine", "vllm")
@@ -193,18 +200,8 @@ fn a_fleet_of_two_profiles_is_learned_with_no_key_set() {
 /// seconds a real one: 5.4 ms and 1.2 ms).
 #[test]
 fn a_fleet_whose_clients_never_stream_learns_decode_speeds_from_the_engines() {
-    let profiles = ["h100-8b", "l4-3b"];
-    let sims: Vec<_> = profiles
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let params = profile(name).expect("a profile");
-            let options =
-                SimOptions { time_scale: TIME_SCALE, seed: i as u64, params, ..SimOptions::new() };
-            start(options).expect("a sim starts")
-        })
-        .collect();
-    let backends: Vec<String> = sims.iter().map(|s| s.addr().to_string()).collect();
+    let (sims, backends) = start_sims(PROFILES);
+    let profiles = PROFILES;
     let router = Setup::new()
         .model("sim-8b", &backends)
         .model_key("engine", "vllm")

@@ -71,23 +71,22 @@
 //!
 //! **Exploring.** A backend whose decode speed nothing has taught (no decode gap: its engine
 //! exports no inter-token histogram that has grown, and no eight of its streams have ended) is
-//! taken to be as fast as the fastest, and one that nothing was sent to learns nothing. When
-//! every session shares a prefix (a system prompt), the first backend to hold it keeps them
-//! all, and which one that is was a tie. So while a usable backend has requests in flight, a
-//! streaming first turn (a turn depth of 1, not a retry) goes to the first eligible backend
-//! with nothing in flight or held and no decode gap, whatever the cost says: one at a time,
-//! until a gap is learned, which the engine's counters teach within a scrape or two of
-//! decoding (on an engine that exports none, eight ended streams).
-//! Not a non-streaming request, whose client waits for a whole response at that unknown speed,
-//! and not a backend whose engine exported less than half the largest KV capacity among the
-//! model's backends: a smaller card is the likelier slower one and holds fewer of the sessions
-//! that would follow. Measured in the fleet lab (`perf/RESULTS.md`, twenty-fourth session): an
-//! H100 beside a 70B engine whose steps start at 48 ms, on the agent workload, sent every
-//! first turn of its first 16 s to the slow engine (by the tie, the larger KV capacity; the
+//! taken to be as fast as the fastest, and one that nothing was sent to learns nothing. When every
+//! session shares a prefix (a system prompt), the first backend to hold it keeps them all, and
+//! which one that is was a tie. So while a usable backend has requests in flight, a streaming first
+//! turn (a turn depth of 1, not a retry) goes to the first eligible backend with nothing in flight
+//! or held and no decode gap, whatever the cost says: one at a time, until a gap is learned, which
+//! the engine's counters teach within a scrape or two of decoding (on an engine that exports none,
+//! eight ended streams). Not a non-streaming request, whose client waits for a whole response at
+//! that unknown speed, and not a backend whose engine exported less than half the largest KV
+//! capacity among the model's backends: a smaller card is the likelier slower one and holds fewer
+//! of the sessions that would follow. Measured in the fleet lab (`perf/RESULTS.md`, twenty-fourth
+//! session): an H100 beside a 70B engine whose steps start at 48 ms, on the agent workload, sent
+//! every first turn of its first 16 s to the slow engine (by the tie, the larger KV capacity; the
 //! shared system prompt then held them there): all-request p99 3.6x `cache_aware`'s, 1.0x
-//! exploring. Sending it without the engines' counters and without the capacity condition let
-//! an L4 beside an H100 take six sessions before eight streams had taught its speed (p99
-//! 1.16-1.20x the baseline there).
+//! exploring. Sending it without the engines' counters and without the capacity condition let an L4
+//! beside an H100 take six sessions before eight streams had taught its speed (p99 1.16-1.20x the
+//! baseline there).
 
 use std::sync::Arc;
 

@@ -24,11 +24,14 @@
 //! expected output times the backend's gap beyond [`GAP_TOLERANCE_PERCENT`] above the least
 //! gap of the usable backends (`placement`).
 //!
-//! **The engine's own counters.** vLLM and SGLang export a histogram of inter-token latencies,
-//! observed for every output token after a request's first at the step that made it (vLLM
-//! V1: `vllm:inter_token_latency_seconds`, `vllm/v1/metrics/loggers.py`, whose older name
+//! **The engine's own counters.** vLLM and SGLang export a histogram of inter-token latencies
+//! (vLLM V1: `vllm:inter_token_latency_seconds`, `vllm/v1/metrics/loggers.py`, whose older name
 //! `vllm:time_per_output_token_seconds` held the same; SGLang:
-//! `sglang:inter_token_latency_seconds`, `python/sglang/srt/metrics/collector.py`). The scrape
+//! `sglang:inter_token_latency_seconds`, `python/sglang/srt/metrics/collector.py`). vLLM observes
+//! it once per request at each engine step that gave the request tokens after its first
+//! (`IterationStats::update_from_output`, `vllm/v1/metrics/stats.py`): with speculative decoding
+//! a step may bring several, and the engine's gap then errs slow by that factor, which the
+//! streams' windows (they count tokens) undercut in the least. The scrape
 //! reads its sum and count ([`EngineCache::itl_ticks`], the sum in ticks). Each time the count
 //! has grown by [`ENGINE_SAMPLE_TOKENS`] since the last sample, the growth of the sum over the
 //! growth of the count closes a window into the same ring as the streams' windows: the

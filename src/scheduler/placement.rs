@@ -83,7 +83,7 @@
 //! of the sessions that would follow. Measured in the fleet lab (`perf/RESULTS.md`, twenty-fourth
 //! session): an H100 beside a 70B engine whose steps start at 48 ms, on the agent workload, sent
 //! every first turn of its first 16 s to the slow engine (by the tie, the larger KV capacity; the
-//! shared system prompt then held them there): all-request p99 3.6x `cache_aware`'s, 1.0x
+//! shared system prompt then held them there): all-request p99 3.7x `cache_aware`'s, 1.0x
 //! exploring. Sending it without the engines' counters and without the capacity condition let an L4
 //! beside an H100 take six sessions before eight streams had taught its speed (p99 1.16-1.20x the
 //! baseline there).

@@ -66,8 +66,8 @@ pub struct FleetSpec {
     pub model: String,
     /// Whether snapshots carry the engines' waiting gauge (as vLLM's metrics do).
     pub report_waiting: bool,
-    /// Print each backend's budget and backlog, and each engine's KV usage, running and
-    /// waiting requests, at every control round (stderr).
+    /// Print each backend's budget, backlog, decode weight and decode gap (µs), and each
+    /// engine's KV usage, running and waiting requests, at every control round (stderr).
     pub trace_budget: bool,
     /// Issue \[11\]: the tenant of each session of the workload, by index (missing: 0, none);
     /// its requests carry it to the scheduler, whose `tenant_weights` must know it.
@@ -661,7 +661,7 @@ impl<'a> Fleet<'a> {
             let estimates: Vec<String> = (0..self.engines.len() as u16)
                 .map(|b| {
                     let e = s.backend_estimates(b);
-                    let gap = e.decode_gap / 1024;
+                    let gap = e.decode_gap / crate::scheduler::decode::GAP_SCALE;
                     format!(
                         "{}:{}:{}:{}us",
                         e.budget,

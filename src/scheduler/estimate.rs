@@ -528,6 +528,12 @@ impl Learned {
         })
     }
 
+    /// The largest KV capacity the engines of the first `backends` backends exported, in
+    /// tokens; 0 when none did.
+    pub fn largest_kv_capacity(&self, backends: usize) -> u64 {
+        self.cache.iter().take(backends).map(|c| c.kv_capacity_tokens).max().unwrap_or(0)
+    }
+
     /// The backend of the fastest learned prefill rate (the first of equals), if any.
     fn fastest(&self) -> Option<usize> {
         let mut fastest: Option<(usize, (u64, u64))> = None;

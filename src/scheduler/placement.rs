@@ -299,9 +299,7 @@ impl Scheduler {
         });
         prefix.hot = hot;
         if hot > 0 {
-            let backends = self.backends.len();
-            let capacities = self.learned.cache.iter().take(backends).map(|c| c.kv_capacity_tokens);
-            prefix.copy_capacity = capacities.max().unwrap_or(0);
+            prefix.copy_capacity = self.learned.largest_kv_capacity(self.backends.len());
         }
         blocks
     }
@@ -574,7 +572,7 @@ impl Scheduler {
             return None;
         }
         let capacity = |b: usize| self.learned.cache[b].kv_capacity_tokens;
-        let largest = (0..self.backends.len()).map(capacity).max().unwrap_or(0);
+        let largest = self.learned.largest_kv_capacity(self.backends.len());
         (0..self.backends.len())
             .find(|&b| {
                 let backend = &self.backends[b];

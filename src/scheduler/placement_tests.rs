@@ -395,10 +395,8 @@ fn a_backend_whose_engine_taught_its_decode_speed_is_not_explored() {
 fn longer_steps_count_at_the_rate_served_alone_before_any_window() {
     let mut h = H::new(params(2, 8));
     for (backend, ticks) in [(0, 1_600), (1, 160_000)] {
-        for itl in [(0, 0), (ticks, 16)] {
-            let cache = EngineCache { itl_ticks: itl.0, itl_count: itl.1, ..EngineCache::UNKNOWN };
-            h.send(report(backend, cache));
-        }
+        h.send(itl_of(backend, 0, 0));
+        h.send(itl_of(backend, ticks, 16));
     }
     assert_eq!(h.arrive(1, None, &chain(100, 10), 10 * BLOCK_TOKENS, true), vec![(1, 0)]);
     h.now = 64;
@@ -413,13 +411,17 @@ fn longer_steps_count_at_the_rate_served_alone_before_any_window() {
 /// Reports that teach both of two backends the same decode gap from their engines'
 /// inter-token counters (a hundred ticks a token).
 fn same_decode_speed(h: &mut H) {
-    for itl in [(0, 0), (1600, 16)] {
+    for (ticks, tokens) in [(0, 0), (1600, 16)] {
         for backend in 0..2 {
-            let cache = EngineCache { itl_ticks: itl.0, itl_count: itl.1, ..EngineCache::UNKNOWN };
-            h.send(report(backend, cache));
+            h.send(itl_of(backend, ticks, tokens));
         }
     }
     assert_eq!(h.s.learned.decode[1].gap, 100 * decode::GAP_SCALE);
+}
+
+/// A report for `backend` with these inter-token counters (ticks, tokens) and nothing else.
+fn itl_of(backend: u16, ticks: u64, tokens: u64) -> Input {
+    report(backend, EngineCache { itl_ticks: ticks, itl_count: tokens, ..EngineCache::UNKNOWN })
 }
 
 /// A report for `backend` with this KV usage (millionths) and nothing else about its caches.
